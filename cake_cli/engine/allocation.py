@@ -1,0 +1,117 @@
+"""Budget allocation across layers and its cascade (paper Sec. 4.1-4.2, Eqs. 7-10, Prop. 1).
+
+Real-valued budgets follow Eq. 7 with caps (water-filling: capped layers hand their excess to
+the others). Integer budgets use largest-remainder rounding clamped by the previous cascade
+stage, so they are integers, never increase from stage m to m + 1 (Prop. 1), and sum to the
+total minus at most one token per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def preference_weights(log_prefs: Sequence[float]) -> list[float]:
+    """Turn log P_l into non-negative weights with the same ratios (max weight 1).
+
+    Layers with P = 0 get weight 0; if every layer has P = 0 all get weight 1 (uniform).
+    """
+    finite = [x for x in log_prefs if x != float("-inf")]
+    if not finite:
+        return [1.0] * len(log_prefs)
+    top = max(finite)
+    return [math.exp(x - top) if x != float("-inf") else 0.0 for x in log_prefs]
+
+
+def waterfill(weights: Sequence[float], total: float, cap: float) -> list[float]:
+    """Real budgets b_l = min(cap, lambda · w_l) with sum b_l = total (Eq. 7 with caps).
+
+    Args:
+        weights: [L] non-negative preference weights (P_l up to a common factor).
+        total: evictable tokens to share (B_total), >= 0.
+        cap: most evictable tokens a layer can keep (n - w), >= 0.
+
+    Returns:
+        [L] real budgets, each in [0, cap]; sum = min(total, L · cap). Layers with weight 0 get a
+        share only when every positive-weight layer is already capped.
+    """
+    n_layers = len(weights)
+    if total >= cap * n_layers:
+        return [float(cap)] * n_layers
+    budgets = [0.0] * n_layers
+    active = [i for i, w in enumerate(weights) if w > 0]
+    if not active:
+        active = list(range(n_layers))
+        weights = [1.0] * n_layers
+    remaining = float(total)
+    while active:
+        scale = remaining / sum(weights[i] for i in active)
+        capped = [i for i in active if scale * weights[i] >= cap]
+        if not capped:
+            for i in active:
+                budgets[i] = scale * weights[i]
+            return budgets
+        for i in capped:
+            budgets[i] = float(cap)
+            remaining -= cap
+        active = [i for i in active if i not in capped]
+    # every positive-weight layer is capped: spread the rest over the zero-weight layers
+    rest = [i for i in range(n_layers) if budgets[i] == 0.0]
+    for i in rest:
+        budgets[i] = min(float(cap), remaining / len(rest))
+    return budgets
+
+
+def round_budgets(real: Sequence[float], cap: int) -> list[int]:
+    """Largest-remainder rounding: floor each, then +1 to the largest fractions until the sum
+    reaches round(sum(real)); never above cap. Ties go to the lower layer index.
+    """
+    floors = [min(cap, math.floor(x + 1e-9)) for x in real]
+    missing = int(round(sum(real))) - sum(floors)
+    order = sorted(range(len(real)), key=lambda i: (-(real[i] - floors[i]), i))
+    for i in order:
+        if missing <= 0:
+            break
+        if floors[i] < cap and real[i] - floors[i] > 1e-9:
+            floors[i] += 1
+            missing -= 1
+    return floors
+
+
+def allocate(log_prefs: Sequence[float], total: int, cap: int,
+             previous: Sequence[int] | None = None) -> list[int]:
+    """Integer budgets B_l^(m) for the layers seen so far (Eq. 7 for stage m, Eq. 9-10).
+
+    Args:
+        log_prefs: [m + 1] log P_l of layers 0..m.
+        total: B_total = (B - w) · L evictable tokens for the whole model.
+        cap: n - w, the evictable tokens each layer holds.
+        previous: [m] budgets of layers 0..m-1 at stage m - 1, or None at stage 0 / one-shot.
+
+    Returns:
+        [m + 1] integer budgets in [0, cap]; budget[l] <= previous[l] (Prop. 1); the sum is at
+        least min(total, (m+1)·cap) minus (m + 1).
+    """
+    real = waterfill(preference_weights(log_prefs), float(total), float(cap))
+    budgets = round_budgets(real, cap)
+    if previous is not None:
+        budgets = [min(b, p) for b, p in zip(budgets, previous)] + budgets[len(previous):]
+    return budgets
+
+
+def cascade(log_prefs: Sequence[float], total: int, cap: int) -> list[list[int]]:
+    """Every stage of the cascade: stage m holds the budgets of layers 0..m (Sec. 4.2).
+
+    Returns:
+        [L] lists; stages[m] has m + 1 integer budgets; stages[-1] are the final budgets.
+    """
+    stages: list[list[int]] = []
+    for m in range(len(log_prefs)):
+        stages.append(allocate(log_prefs[: m + 1], total, cap, stages[-1] if stages else None))
+    return stages
+
+
+def uniform(num_layers: int, total: int, cap: int) -> list[int]:
+    """Equal integer budgets (SnapKV/H2O/TOVA-style allocation), each <= cap."""
+    return round_budgets(waterfill([1.0] * num_layers, float(total), float(cap)), cap)

@@ -1,0 +1,93 @@
+"""Attention functions registered with transformers' AttentionInterface (spec §9).
+
+After eviction the layers hold different numbers of tokens, but the model builds one mask from
+the first layer. These functions ignore that mask and build each layer's own from its key
+length: every cached token is visible, the q new tokens are causal among themselves (batch 1).
+Then they hand the layer to the CakeCache passed as the `cake=` keyword (prefill cascade or
+decode policy). Backends: eager and SDPA (CPU and CUDA), flash_attention_2 (CUDA + flash-attn).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+BACKENDS = ("eager", "sdpa", "flash_attention_2")
+
+
+def flash_available() -> bool:
+    """True when CUDA and the flash-attn package are both present."""
+    return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+def default_backend(device: torch.device) -> str:
+    """flash_attention_2 on CUDA with flash-attn installed, else SDPA."""
+    return "flash_attention_2" if device.type == "cuda" and flash_available() else "sdpa"
+
+
+def cached_plus_causal(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+    """Boolean mask [q_len, k_len], True = attend: the first k_len - q_len keys (cache) are
+    visible to every query, the last q_len keys are causal among the new queries."""
+    rows = torch.arange(q_len, device=device).unsqueeze(1) + (k_len - q_len)  # [q, 1]
+    return torch.arange(k_len, device=device).unsqueeze(0) <= rows  # [q, k]
+
+
+def _backend_call(backend: str, module, query, key, value, scaling, dropout, kwargs):
+    q_len, k_len = query.shape[2], key.shape[2]
+    if backend == "flash_attention_2":
+        from transformers.integrations.flash_attention import flash_attention_forward
+
+        # flash-attn aligns the causal mask bottom-right: cached keys visible, new ones causal
+        return flash_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
+    if backend == "sdpa":
+        mask = None if (q_len == 1 or q_len == k_len) else cached_plus_causal(q_len, k_len, query.device)[None, None]
+        return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
+    mask = None
+    if q_len > 1:
+        allowed = cached_plus_causal(q_len, k_len, query.device)
+        mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+        mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
+        mask = mask[None, None]  # [1, 1, q, k]
+    return eager_attention_forward(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
+
+
+def _make(backend: str):
+    def cake_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        """query [1, H, q, d], key/value [1, H_kv, k, d] -> output [1, q, H, d] (transformers layout)."""
+        cake = kwargs.pop("cake", None)
+        if query.shape[0] != 1:
+            raise ValueError("cake-cli attention supports batch size 1 only")
+        scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out, _ = _backend_call(backend, module, query, key, value, scaling, dropout, kwargs)
+        if cake is not None:
+            cake.after_attention(module.layer_idx, query, key, scaling)
+        return out, None
+
+    cake_attention.__name__ = f"cake_{backend}"
+    return cake_attention
+
+
+def implementation_name(backend: str) -> str:
+    """The name under which the CAKE variant of `backend` is registered, e.g. 'cake_sdpa'."""
+    return f"cake_{backend}"
+
+
+for _backend in BACKENDS:
+    AttentionInterface.register(implementation_name(_backend), _make(_backend))
+
+
+def use_cake_attention(model, backend: str) -> None:
+    """Switch `model` to the CAKE attention function for `backend` (eager|sdpa|flash_attention_2).
+
+    Raises:
+        ValueError: for an unknown backend or flash_attention_2 without CUDA + flash-attn.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+    if backend == "flash_attention_2" and not flash_available():
+        raise ValueError("flash_attention_2 needs CUDA and the flash-attn package")
+    model.set_attn_implementation(implementation_name(backend))

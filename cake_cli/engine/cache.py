@@ -1,0 +1,108 @@
+"""KV cache with per-layer, per-KV-head eviction and real-tensor memory accounting (spec §3, §8).
+
+Each layer stores keys/values as [1, H_kv, len_l, d] (KV-head granularity, never repeated to
+query heads) plus the original position of every entry, [H_kv, len_l]. All KV heads of a layer
+hold the same number of tokens, but each head its own tokens. Entries stay in position order;
+keys are cached after RoPE, so an entry keeps its true position when others are evicted.
+
+Policy (which tokens to evict) lives in `cascade.py` and `decode.py`; this module only stores,
+gathers and measures.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+
+class CakeLayer(DynamicLayer):
+    """One layer's cache: keys/values [1, H_kv, len, d], positions [H_kv, len] (int64)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.positions: torch.Tensor | None = None
+        self.seen = 0  # tokens ever appended = the next token's true position
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append q new tokens at their true positions seen..seen+q-1; return the whole layer.
+
+        Args:
+            key_states, value_states: [1, H_kv, q, d] (keys already rotated).
+
+        Returns:
+            (keys, values): [1, H_kv, len + q, d].
+        """
+        keys, values = super().update(key_states, value_states)
+        q = key_states.shape[-2]
+        new = torch.arange(self.seen, self.seen + q, device=key_states.device)
+        new = new.unsqueeze(0).expand(key_states.shape[1], q)  # [H_kv, q]
+        self.positions = new if self.positions is None else torch.cat([self.positions, new], dim=-1)
+        self.seen += q
+        return keys, values
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only the entries `index` of each KV head (physical eviction).
+
+        Args:
+            index: [H_kv, k] int64 entry indices per KV head, ascending (keeps position order).
+        """
+        index = index.to(self.keys.device)
+        expanded = index.unsqueeze(0).unsqueeze(-1).expand(1, *index.shape, self.keys.shape[-1])
+        self.keys = self.keys.gather(2, expanded)  # [1, H_kv, k, d]
+        self.values = self.values.gather(2, expanded)  # [1, H_kv, k, d]
+        self.positions = self.positions.gather(1, index)  # [H_kv, k]
+
+    def nbytes(self) -> int:
+        """Bytes held by this layer's key and value tensors (0 before the first token)."""
+        if self.keys is None or not self.is_initialized:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+
+class CakeCache(Cache):
+    """A transformers Cache of `CakeLayer`s that also carries the run's eviction state.
+
+    The engine passes this object to the model twice: as `cache=` (storage) and as `cake=`
+    (a keyword the registered attention functions read to call `after_attention`).
+
+    Attributes:
+        policy: object with `after_attention(cache, layer_idx, query, key, scaling)` or None
+            (None = plain full cache, used as the no-eviction baseline).
+        peak_bytes: largest sum over layers of cached KV bytes seen after any update or eviction.
+        full_bytes: KV bytes the full cache held, summed when each layer received its prompt.
+    """
+
+    def __init__(self, num_layers: int, policy=None):
+        super().__init__(layers=[CakeLayer() for _ in range(num_layers)])
+        self.policy = policy
+        self.peak_bytes = 0
+        self.full_bytes = 0
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        """Append to layer `layer_idx` and track memory (see CakeLayer.update)."""
+        keys, values = self.layers[layer_idx].update(key_states, value_states)
+        if self.layers[layer_idx].seen == key_states.shape[-2]:  # the prompt's first pass
+            self.full_bytes += self.layers[layer_idx].nbytes()
+        self.track_peak()
+        return keys, values
+
+    def after_attention(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
+        """Hook called by the attention function once layer `layer_idx` has attended."""
+        if self.policy is not None:
+            self.policy.after_attention(self, layer_idx, query, key, scaling)
+
+    def kv_bytes(self) -> int:
+        """Bytes held now by every layer's key and value tensors, measured from the tensors."""
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def track_peak(self) -> None:
+        """Record the current total if it is the largest so far."""
+        self.peak_bytes = max(self.peak_bytes, self.kv_bytes())
+
+    def lengths(self) -> list[int]:
+        """Tokens held per layer (same for every KV head of a layer)."""
+        return [layer.keys.shape[-2] if layer.is_initialized else 0 for layer in self.layers]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """True number of tokens seen (not the compressed length), for callers that derive positions."""
+        return self.layers[layer_idx].seen

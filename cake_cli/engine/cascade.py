@@ -1,0 +1,114 @@
+"""CAKE during prefill: per-layer statistics, cascading allocation and eviction (Sec. 4.1-4.3).
+
+After layer m has attended over the whole prompt, its window attention gives H_m, V_m, P_m and
+the indicator of its evictable tokens; then every layer 0..m is evicted to its stage-m budget
+B_l^(m) (Eqs. 9-10). Re-eviction ranks the stored indicator of the tokens a layer still holds,
+so the result equals one eviction with the final budgets (Thm. 1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from cake_cli.engine import allocation
+from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.indicator import cake_indicator, top_k_sorted
+from cake_cli.engine.preference import dispersion, log_preference, shift
+from cake_cli.engine.window import window_attention
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """Statistics of one layer after prefill (Eqs. 3-7)."""
+
+    dispersion: float  # H_l, nats
+    shift: float  # V_l
+    log_preference: float  # log P_l (-inf when P_l = 0)
+
+
+class CascadePrefill:
+    """Runs the cascade inside one prefill forward of an n-token prompt.
+
+    Args:
+        config: CAKE settings.
+        num_layers: L.
+        prompt_len: n, tokens in the prompt.
+        on_layer: optional progress callback `(layer_idx, num_layers)` after each layer.
+
+    Attributes:
+        stats: [L] LayerStats (None until the layer ran, or when n <= w).
+        stages: budgets of layers 0..m after stage m (empty when nothing is evicted).
+        evicting: True when n > B (otherwise every layer keeps all tokens).
+        seconds: wall time spent scoring and evicting, seconds.
+    """
+
+    def __init__(self, config: CakeConfig, num_layers: int, prompt_len: int, on_layer=None):
+        self.config = config
+        self.num_layers = num_layers
+        self.prompt_len = prompt_len
+        self.on_layer = on_layer
+        self.stats: list[LayerStats | None] = [None] * num_layers
+        self.stages: list[list[int]] = []
+        self.indicators: list[torch.Tensor | None] = [None] * num_layers
+        self.evicting = prompt_len > config.budget
+        self.seconds = 0.0
+
+    @property
+    def cap(self) -> int:
+        """n - w: evictable tokens per layer."""
+        return max(self.prompt_len - self.config.window, 0)
+
+    @property
+    def final_budgets(self) -> list[int] | None:
+        """B_l after the last stage (evictable tokens per layer), or None if nothing was evicted."""
+        return self.stages[-1] if self.evicting and len(self.stages) == self.num_layers else None
+
+    def after_attention(self, cache, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
+        """Score layer `layer_idx` and cascade-evict layers 0..layer_idx.
+
+        Args:
+            cache: the CakeCache being filled.
+            query: [1, H, n, d] rotated prompt queries of this layer.
+            key: [1, H_kv, n, d] rotated prompt keys of this layer.
+            scaling: softmax scale.
+        """
+        start = time.perf_counter()
+        cfg, w = self.config, self.config.window
+        if self.prompt_len > w:
+            a = window_attention(query[0, :, -w:, :], key[0], scaling)  # [H, w, n]
+            a_ev = a[:, :, : self.prompt_len - w]  # [H, w, n - w], not renormalised
+            h, v = dispersion(a_ev), shift(a_ev)
+            self.stats[layer_idx] = LayerStats(h, v, log_preference(h, v, cfg.tau1, cfg.tau2))
+            if self.evicting:
+                self.indicators[layer_idx] = cake_indicator(
+                    a_ev, cfg.gamma, cfg.pool_kind, cfg.pool_kernel, key.shape[1])  # [H_kv, n - w]
+                self._cascade(cache, layer_idx)
+            del a, a_ev
+        self.seconds += time.perf_counter() - start
+        if self.on_layer is not None:
+            self.on_layer(layer_idx, self.num_layers)
+
+    def _cascade(self, cache, m: int) -> None:
+        """Stage m: allocate over layers 0..m (Eq. 9) and evict each to its budget (Eq. 10)."""
+        logs = [s.log_preference for s in self.stats[: m + 1]]
+        total = self.config.evictable_total(self.num_layers)
+        budgets = allocation.allocate(logs, total, self.cap, self.stages[-1] if self.stages else None)
+        self.stages.append(budgets)
+        for layer_idx, budget in enumerate(budgets):
+            self.evict_layer(cache, layer_idx, budget)
+        cache.track_peak()
+
+    def evict_layer(self, cache, layer_idx: int, budget: int) -> None:
+        """Keep the top-`budget` evictable tokens of a layer by its stored indicator, plus the window."""
+        indicator = self.indicators[layer_idx]  # [H_kv, held evictable]
+        held = indicator.shape[-1]
+        if budget >= held:
+            return
+        w = self.config.window
+        chosen = top_k_sorted(indicator, budget)  # [H_kv, budget]
+        window = torch.arange(held, held + w, device=chosen.device).expand(chosen.shape[0], w)
+        cache.layers[layer_idx].keep(torch.cat([chosen, window], dim=-1))
+        self.indicators[layer_idx] = indicator.gather(1, chosen)

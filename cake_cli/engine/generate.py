@@ -1,0 +1,192 @@
+"""Prefill with the CAKE cascade, then decode token by token at true positions (spec §2-§4)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from cake_cli.engine.cache import CakeCache
+from cake_cli.engine.cascade import CascadePrefill, LayerStats
+from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.decode import FixedDecode, GrowDecode
+from cake_cli.engine.sampling import Sampler, SamplingConfig
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One layer after prefill: statistics (None when n <= w), budget and tokens kept."""
+
+    layer: int
+    stats: LayerStats | None
+    budget: int | None  # B_l evictable tokens (Eq. 7, integer), None when nothing was evicted
+    kept: int  # tokens the layer holds after prefill (B_l + w, or n)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """Everything one run measured. Bytes are measured from the cache tensors; times in seconds."""
+
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+    evicted: bool
+    layers: tuple[LayerRow, ...]
+    kv_bytes_full: int  # the full prompt cache, summed as each layer received it
+    kv_bytes_kept: int  # after prefill
+    kv_bytes_final: int  # after the last decode step
+    kv_peak_prefill: int  # largest total held at any moment of prefill
+    prefill_seconds: float
+    decode_seconds: float
+    decode_steps: int
+    eviction_seconds: float  # scoring + eviction, prefill and decode
+    stop_reason: str  # "eos" | "max_new_tokens"
+    first_logits: torch.Tensor | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Decode forward passes per second (0 when there were none)."""
+        return self.decode_steps / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def saved_fraction(self) -> float:
+        """1 - kept / full KV bytes after prefill."""
+        return 1.0 - self.kv_bytes_kept / self.kv_bytes_full if self.kv_bytes_full else 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _forward(model, cache: CakeCache, ids: torch.Tensor, start: int, step_logits: list | None) -> torch.Tensor:
+    """One forward of ids [1, q] at true positions start..start+q-1 -> next-token logits [1, V]."""
+    positions = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)  # [1, q]
+    out = model(input_ids=ids, position_ids=positions, cache=cache, cake=cache, use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1, :]  # [1, V]
+    if step_logits is not None:
+        step_logits.append(logits.detach().float().cpu())
+    return logits
+
+
+def decode_capacity(config: CakeConfig, cascade: CascadePrefill, lengths: list[int]) -> list[int]:
+    """Per-layer size the `fixed` policy keeps: B_l + w after an evicting prefill, else B."""
+    return lengths if cascade.evicting else [config.budget] * len(lengths)
+
+
+@dataclass
+class Prefilled:
+    """The state right after prefill: the cache (already evicted), the cascade and timings."""
+
+    cache: CakeCache
+    cascade: CascadePrefill | None
+    logits: torch.Tensor  # [1, V] next-token logits
+    seconds: float
+    lengths: list[int]  # tokens per layer after prefill
+    kv_bytes: int  # after prefill, measured
+    peak_bytes: int  # largest total during prefill, measured
+
+    def rows(self) -> tuple[LayerRow, ...]:
+        """Per-layer statistics, budgets and tokens kept."""
+        budgets = self.cascade.final_budgets if self.cascade is not None else None
+        return tuple(
+            LayerRow(l, self.cascade.stats[l] if self.cascade else None, budgets[l] if budgets else None, kept)
+            for l, kept in enumerate(self.lengths))
+
+
+@torch.inference_mode()
+def prefill(model, input_ids: torch.Tensor, config: CakeConfig | None, *,
+            on_layer: Callable[[int, int], None] | None = None, step_logits: list | None = None) -> Prefilled:
+    """Run the prompt through the model once, cascading CAKE eviction layer by layer (Sec. 4.2).
+
+    Args:
+        model: a causal LM switched to a CAKE attention function (`attention.use_cake_attention`).
+        input_ids: [1, n] prompt token ids on the model's input device.
+        config: CAKE settings, or None for the full-cache baseline (nothing evicted).
+        on_layer: progress callback (layer_idx, L), called as each layer finishes.
+        step_logits: if a list, receives the [1, V] float32 next-token logits.
+
+    Returns:
+        Prefilled state; the cache holds B_l + w tokens per layer when n > B, else all n.
+
+    Raises:
+        ValueError: batch size other than 1 or an empty prompt.
+    """
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
+        raise ValueError(f"expected input_ids of shape [1, n>0], got {tuple(input_ids.shape)}")
+    num_layers = model.config.num_hidden_layers
+    cascade = CascadePrefill(config, num_layers, input_ids.shape[1], on_layer) if config is not None else None
+    cache = CakeCache(num_layers, policy=cascade)
+    _sync(input_ids.device)
+    start = time.perf_counter()
+    logits = _forward(model, cache, input_ids, 0, step_logits)
+    _sync(input_ids.device)
+    seconds = time.perf_counter() - start
+    return Prefilled(cache, cascade, logits, seconds, cache.lengths(), cache.kv_bytes(), cache.peak_bytes)
+
+
+@torch.inference_mode()
+def generate(model, input_ids: torch.Tensor, config: CakeConfig | None, *, max_new_tokens: int = 256,
+             sampling: SamplingConfig = SamplingConfig(), stop_ids: frozenset[int] = frozenset(),
+             on_token: Callable[[int], None] | None = None,
+             on_layer: Callable[[int, int], None] | None = None,
+             step_logits: list | None = None,
+             forced_tokens: list[int] | None = None) -> GenerationResult:
+    """Prefill with the CAKE cascade (unless `config` is None), then decode token by token at
+    true positions n, n+1, ... with the configured decode policy (spec §4).
+
+    Args:
+        model, input_ids, config, on_layer: as for `prefill`.
+        max_new_tokens: most tokens to generate (>= 0).
+        sampling: greedy by default.
+        stop_ids: token ids that end generation (EOS); the stop token is not returned.
+        on_token: called with each generated token id as soon as it is chosen (streaming).
+        step_logits: if a list, receives the [1, V] float32 logits of every step (tests).
+        forced_tokens: feed these tokens instead of sampling (teacher forcing, for oracles).
+
+    Returns:
+        GenerationResult with token ids, per-layer budgets and measured memory and times.
+
+    Raises:
+        ValueError: batch size other than 1 or an empty prompt.
+    """
+    state = prefill(model, input_ids, config, on_layer=on_layer, step_logits=step_logits)
+    cache, logits, n, device = state.cache, state.logits, input_ids.shape[1], input_ids.device
+    decode_policy = None
+    if config is not None:
+        decode_policy = (FixedDecode(config, decode_capacity(config, state.cascade, state.lengths))
+                         if config.decode_policy == "fixed" else GrowDecode())
+    cache.policy = decode_policy
+
+    sampler = Sampler(sampling)
+    history = input_ids
+    tokens: list[int] = []
+    stop_reason = "max_new_tokens"
+    decode_seconds, steps = 0.0, 0
+    while len(tokens) < max_new_tokens:
+        token = forced_tokens[len(tokens)] if forced_tokens is not None else sampler(history, logits)
+        if token in stop_ids and forced_tokens is None:
+            stop_reason = "eos"
+            break
+        tokens.append(token)
+        if on_token is not None:
+            on_token(token)
+        if len(tokens) == max_new_tokens:
+            break
+        ids = torch.tensor([[token]], device=device)
+        history = torch.cat([history, ids], dim=1)
+        t1 = time.perf_counter()
+        logits = _forward(model, cache, ids, n + len(tokens) - 1, step_logits)
+        _sync(device)
+        decode_seconds += time.perf_counter() - t1
+        steps += 1
+
+    rows = state.rows()
+    prefill_evict = state.cascade.seconds if state.cascade else 0.0
+    return GenerationResult(
+        token_ids=tuple(tokens), prompt_tokens=n, evicted=any(r.budget is not None for r in rows), layers=rows,
+        kv_bytes_full=cache.full_bytes, kv_bytes_kept=state.kv_bytes, kv_bytes_final=cache.kv_bytes(),
+        kv_peak_prefill=state.peak_bytes, prefill_seconds=state.seconds, decode_seconds=decode_seconds,
+        decode_steps=steps, eviction_seconds=prefill_evict + (decode_policy.seconds if decode_policy else 0.0),
+        stop_reason=stop_reason, first_logits=state.logits.detach().float().cpu())

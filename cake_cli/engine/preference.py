@@ -1,0 +1,63 @@
+"""Layer preference score from dispersion and shift (paper Sec. 3 and 4.1, Eqs. 3-7)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def variance_rows(a: torch.Tensor) -> torch.Tensor:
+    """Unbiased variance down dim -2 (the w window rows); 0 when there is a single row.
+
+    Args:
+        a: [..., w, m] float tensor.
+
+    Returns:
+        [..., m] variance per column.
+    """
+    correction = 1 if a.shape[-2] > 1 else 0
+    return torch.var(a, dim=-2, correction=correction)
+
+
+def dispersion(a_ev: torch.Tensor) -> float:
+    """Spatial dispersion H_l = -sum_{h,i,j} A log A over the evictable columns (Eqs. 3-4).
+
+    Args:
+        a_ev: [H, w, n - w] window attention over the evictable keys (not renormalised).
+
+    Returns:
+        H_l >= 0 as a Python float (0 log 0 = 0 via xlogy).
+    """
+    return float(-torch.special.xlogy(a_ev, a_ev).sum(dtype=torch.float64))
+
+
+def shift(a_ev: torch.Tensor) -> float:
+    """Temporal shift V_l = sum_{h,j} Var_i A[h,i,j], variance over the w window rows (Eqs. 5-6).
+
+    Args:
+        a_ev: [H, w, n - w] window attention over the evictable keys.
+
+    Returns:
+        V_l >= 0 as a Python float (0 when w = 1).
+    """
+    return float(variance_rows(a_ev).sum(dtype=torch.float64))
+
+
+def log_preference(dispersion_h: float, shift_v: float, tau1: float, tau2: float) -> float:
+    """log P_l with P_l = H_l^(1/tau1) · V_l^(1/tau2) (Eq. 7), computed in log space.
+
+    Only ratios of P matter (Eq. 7 normalises), and the powers 1/tau can under- or overflow a
+    float, so allocation works on log P. A zero H or V gives -inf (P = 0).
+
+    Args:
+        dispersion_h: H_l (nats).
+        shift_v: V_l.
+        tau1, tau2: temperatures (> 0).
+
+    Returns:
+        log P_l, possibly -inf.
+    """
+    if dispersion_h <= 0 or shift_v <= 0:
+        return float("-inf")
+    return math.log(dispersion_h) / tau1 + math.log(shift_v) / tau2

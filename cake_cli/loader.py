@@ -1,0 +1,279 @@
+"""Load a causal LM and tokenizer from a profile, a local directory, a GGUF file or the HF cache.
+
+Nothing is ever downloaded: hub ids are served from the local Hugging Face cache only, and a
+missing model gives a one-line error with the command that fetches it. Only the llama, mistral
+and qwen2 families are accepted (``config.json``'s ``model_type``, checked before any weight is
+read), since the CAKE engine hooks their attention modules.
+
+torch and transformers are imported inside the functions, so ``import cake_cli.loader`` (and
+``cake --help``) stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cake_cli import embedded
+from cake_cli.errors import CakeError, UsageError
+from cake_cli.profiles import Profile, find_profile, unknown_profile_error
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+DEFAULT_MODEL = "smollm2"
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
+               "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_SUPPORTED_TEXT = "the llama, mistral and qwen2 families"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the engine: eval mode, weights on ``device`` (or spread by device_map)."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str  # display name, e.g. "smollm2 (SmolLM2-135M-Instruct)"
+    profile: Profile | None  # None for an unprofiled local directory, GGUF file or hub id
+    dtype: torch.dtype
+    device: torch.device  # device of the input embeddings
+    load_seconds: float  # wall-clock seconds, including a one-time GGUF conversion
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights are: a model directory, or a GGUF file."""
+
+    path: Path
+    name: str
+    profile: Profile | None
+    is_gguf: bool = False
+
+
+def cake_home() -> Path:
+    """cake-cli's cache/config directory: ``$CAKE_HOME``, else ``$XDG_CACHE_HOME/cake-cli``,
+    else ``~/.cache/cake-cli``. Not created here."""
+    if os.environ.get("CAKE_HOME"):
+        return Path(os.environ["CAKE_HOME"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "cake-cli"
+
+
+def load_model(spec: str | None = None, *, dtype: str = "auto", device_map: str | None = None,
+               attn_implementation: str = "sdpa",
+               progress: Callable[[str], None] | None = None) -> LoadedModel:
+    """Load a model and its tokenizer for CAKE.
+
+    Args:
+        spec: a profile name or alias (``smollm2``, ``mistral``, …); a local model directory
+            (config.json + weights + tokenizer); a local ``.gguf`` file; or a hub id ``org/name``
+            already in the local Hugging Face cache. None: ``$CAKE_MODEL``, else ``smollm2`` (the
+            embedded model, converted once from its GGUF into ``cake_home()/models``).
+        dtype: ``auto`` (float32 on CPU; on CUDA the profile's dtype, else bfloat16), or
+            ``float32`` / ``bfloat16`` / ``float16`` (also ``fp32`` / ``bf16`` / ``fp16``).
+        device_map: None (the first CUDA device if available, else CPU), or passed through to
+            ``from_pretrained`` (e.g. ``auto`` to spread a model over several GPUs, ``cpu``).
+        attn_implementation: passed to ``from_pretrained`` (``sdpa``, ``eager``, …).
+        progress: called with one-line status messages (conversion, loading).
+
+    Raises:
+        UsageError: invalid ``dtype``.
+        CakeError: unknown name (with "did you mean …"); model not downloaded or embedded
+            package not installed (with the command that fixes it); incomplete model directory
+            (naming what is missing); corrupt config, safetensors or GGUF file (naming it);
+            architecture outside the llama, mistral and qwen2 families.
+    """
+    t0 = time.perf_counter()
+    dtype_name = _check_dtype(dtype)
+    spec = spec or os.environ.get("CAKE_MODEL") or DEFAULT_MODEL
+    source = resolve_model(spec, progress)
+
+    import torch
+
+    on_cuda = torch.cuda.is_available() and device_map != "cpu"
+    if dtype_name is None:  # auto
+        if not on_cuda:
+            dtype_name = "float32"
+        elif source.profile is not None:
+            dtype_name = source.profile.dtype
+        else:
+            dtype_name = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    torch_dtype = getattr(torch, dtype_name)
+    if device_map is None and on_cuda:
+        device_map = "cuda"
+
+    if progress:
+        progress(f"loading {source.name} as {dtype_name} from {source.path}")
+    if source.is_gguf:
+        model, tokenizer = embedded.load_gguf(source.path, torch_dtype, device_map=device_map,
+                                              attn_implementation=attn_implementation)
+    else:
+        model, tokenizer = _load_dir(source.path, torch_dtype, device_map, attn_implementation)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, name=source.name, profile=source.profile,
+        dtype=model.dtype, device=model.get_input_embeddings().weight.device,
+        load_seconds=time.perf_counter() - t0,
+    )
+
+
+def resolve_model(spec: str, progress: Callable[[str], None] | None = None) -> ModelSource:
+    """Where ``spec``'s weights are on disk, checked (pieces present, architecture supported).
+
+    Order: an existing path; a profile (by name, alias or hub id); a cached hub id. Converts
+    the embedded GGUF on first use. Raises the errors listed in :func:`load_model`.
+    """
+    path = Path(spec).expanduser()
+    if path.exists():
+        return _local_source(path, profile=None)
+    if spec.startswith((".", "/", "~")) or spec.endswith(".gguf") or spec.count("/") > 1:
+        raise CakeError(f"no such file or directory: {spec}")
+    profile = find_profile(spec)
+    if profile is not None:
+        return _profile_source(profile, progress)
+    if _HUB_ID_RE.match(spec):
+        snapshot = _hub_snapshot(spec)
+        if snapshot is None:
+            raise _not_downloaded(None, spec, cake_home() / "models" / spec.split("/")[1])
+        return _checked_dir(snapshot, spec, None)
+    err = unknown_profile_error(spec, "model")
+    err.hint = (f"{err.hint}; or give a local model directory, a .gguf file, or a hub id "
+                "org/name already in the Hugging Face cache")
+    raise err
+
+
+def _profile_source(profile: Profile, progress) -> ModelSource:
+    name = profile.display_name
+    if profile.embedded is not None:
+        em = embedded.EMBEDDED_MODELS[profile.embedded]
+        d = embedded.ensure_checkpoint(em, cake_home() / "models", progress)
+        return _checked_dir(d, name, profile,
+                            fix=f"delete {d} and rerun to convert the embedded model again")
+    if profile.path is not None:
+        if not profile.path.exists():
+            raise CakeError(f"profile {profile.name}: model path {profile.path} does not exist",
+                            hint=f"fix 'path' in {profile.source_file}")
+        return _local_source(profile.path, profile)
+    local = cake_home() / "models" / profile.name
+    if (local / "config.json").is_file():
+        return _checked_dir(local, name, profile,
+                            fix=f"finish the download: {_download_command(profile.hub_id, local)}")
+    snapshot = _hub_snapshot(profile.hub_id)
+    if snapshot is None:
+        raise _not_downloaded(profile.name, profile.hub_id, local)
+    return _checked_dir(snapshot, name, profile)
+
+
+def _local_source(path: Path, profile: Profile | None) -> ModelSource:
+    name = profile.display_name if profile else path.resolve().name
+    if path.is_dir():
+        return _checked_dir(path, name, profile)
+    if path.suffix.lower() == ".gguf":
+        arch = embedded.gguf_architecture(path)
+        _check_arch(arch, path)
+        return ModelSource(path, name, profile, is_gguf=True)
+    raise CakeError(f"{path} is neither a model directory nor a .gguf file")
+
+
+def _download_command(hub_id: str, local: Path) -> str:
+    return f"`hf download {hub_id} --local-dir {local}`"
+
+
+def _not_downloaded(profile_name: str | None, hub_id: str, local: Path) -> CakeError:
+    """The one-line error for weights absent from both ``local`` and the HF cache."""
+    what = f"{profile_name} ({hub_id})" if profile_name else hub_id
+    return CakeError(f"model {what} is not downloaded, and cake-cli never downloads",
+                     hint=f"fetch it once with {_download_command(hub_id, local)}, then rerun "
+                          f"with --model {profile_name or local}")
+
+
+def _hub_snapshot(hub_id: str) -> Path | None:
+    """The snapshot directory of ``hub_id`` in the local HF cache (has config.json), or None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    # Read the cache location now, not when huggingface_hub was imported (tests change it).
+    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if not cache:
+        hf_home = os.environ.get("HF_HOME") or str(
+            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
+        cache = str(Path(hf_home).expanduser() / "hub")
+    found = try_to_load_from_cache(hub_id, "config.json", cache_dir=cache)
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def _checked_dir(d: Path, name: str, profile: Profile | None,
+                 fix: str | None = None) -> ModelSource:
+    """Check a model directory before loading any weight, or raise a one-line CakeError.
+
+    Checks: config.json, weights (*.safetensors or pytorch_model*.bin) and a tokenizer
+    (tokenizer.json, tokenizer.model, or vocab.json + merges.txt) are present; config.json
+    parses and its model_type is supported; every safetensors header parses and covers its file.
+    """
+    files = {f.name for f in d.iterdir()}
+    has_weights = any(f.endswith(".safetensors") or (f.startswith("pytorch_model")
+                                                     and f.endswith(".bin")) for f in files)
+    has_tok = bool({"tokenizer.json", "tokenizer.model"} & files) or {"vocab.json",
+                                                                       "merges.txt"} <= files
+    missing = [what for what, ok in (
+        ("config.json", "config.json" in files),
+        ("weights (*.safetensors or pytorch_model*.bin)", has_weights),
+        ("tokenizer (tokenizer.json or tokenizer.model)", has_tok)) if not ok]
+    if missing:
+        raise CakeError(f"{d} is not a complete model directory: missing {', '.join(missing)}",
+                        hint=fix or "a model directory needs config.json, weights and a "
+                                    "tokenizer (as written by save_pretrained)")
+    config = d / "config.json"
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        raise CakeError(f"corrupt config file {config} ({embedded.first_line(e)})",
+                        hint=fix) from e
+    _check_arch(model_type, config)
+    from safetensors import SafetensorError, safe_open
+
+    for f in sorted(d.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), "pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            raise CakeError(f"corrupt or truncated weights file {f} ({embedded.first_line(e)})",
+                            hint=fix or "download or convert the model again") from e
+    return ModelSource(d, name, profile)
+
+
+def _check_arch(model_type: str | None, where: Path) -> None:
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise CakeError(f"unsupported architecture {model_type!r} ({where}): cake-cli supports "
+                        f"{_SUPPORTED_TEXT} only",
+                        hint="use a Llama, Mistral or Qwen2 model, e.g. --model smollm2")
+
+
+def _check_dtype(dtype: str) -> str | None:
+    """The canonical dtype name, or None for ``auto``. Raises UsageError when unknown."""
+    key = str(dtype).strip().lower()
+    if key == "auto":
+        return None
+    if key not in DTYPE_NAMES:
+        raise UsageError(f"unknown dtype {dtype!r}", hint="use auto, float32, bfloat16 or float16")
+    return DTYPE_NAMES[key]
+
+
+def _load_dir(d: Path, dtype: torch.dtype, device_map, attn_implementation: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            d, dtype=dtype, device_map=device_map, attn_implementation=attn_implementation,
+            local_files_only=True)
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
+        raise CakeError(f"cannot load the model in {d} ({embedded.first_line(e)})") from e
+    return model.eval(), tokenizer

@@ -1,0 +1,39 @@
+"""CLI options declared once and shared by every task command (names and help never drift)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+Document = Annotated[Optional[str], typer.Argument(
+    help="Document: a PDF, a text file, or '-' for stdin (default: stdin when piped).", show_default=False)]
+Model = Annotated[Optional[str], typer.Option(
+    "--model", "-m", envvar="CAKE_MODEL", show_default=False,
+    help="Profile name or alias (see `cake profiles list`), local model dir, .gguf file, or cached hub id. "
+         "Default: the embedded SmolLM2-135M-Instruct.")]
+Budget = Annotated[int, typer.Option(
+    "--budget", "-b", help="KV cache budget B in tokens per layer on average, window included (B·L slots in all).")]
+Window = Annotated[Optional[int], typer.Option(
+    "--window", "-w", show_default=False, help="Observation window w in tokens (default: the profile's, 32).")]
+DecodePolicy = Annotated[str, typer.Option(
+    "--decode-policy", help="fixed: each layer keeps its size while decoding (one eviction per token); "
+                            "grow: new tokens are appended.")]
+Dtype = Annotated[str, typer.Option(
+    "--dtype", help="auto (float32 on CPU, the profile's on CUDA), float32, bfloat16 or float16.")]
+Attention = Annotated[str, typer.Option(
+    "--attention", help="Attention backend: auto (flash_attention_2 on CUDA with flash-attn, else sdpa), "
+                        "sdpa, eager, flash_attention_2.")]
+DeviceMap = Annotated[Optional[str], typer.Option(
+    "--device-map", show_default=False, help="Pass 'auto' to spread a large model over GPUs/CPU (accelerate).")]
+MaxNewTokens = Annotated[Optional[int], typer.Option(
+    "--max-new-tokens", "-n", show_default=False, help="Most tokens to generate (default: the task template's).")]
+Temperature = Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")]
+TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (with --temperature > 0).")]
+Seed = Annotated[Optional[int], typer.Option("--seed", show_default=False, help="Random seed for sampling.")]
+Truncate = Annotated[str, typer.Option(
+    "--truncate", help="middle: keep the head and tail of a too-long document (with a warning); error: refuse.")]
+Password = Annotated[Optional[str], typer.Option(
+    "--password", show_default=False, help="Password of an encrypted PDF.")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (answer + report) to stdout instead.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No report or progress on stderr (warnings still).")]

@@ -1,0 +1,86 @@
+"""Result objects: one frozen dataclass feeds both the rich report and --json."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from cake_cli import __version__
+
+
+@dataclass(frozen=True)
+class LayerResult:
+    """One layer after prefill (spec §1-§2)."""
+
+    layer: int
+    dispersion: float | None  # H_l, nats (None when the prompt is not longer than the window)
+    shift: float | None  # V_l
+    preference_share: float | None  # P_l / sum_k P_k, in [0, 1]
+    budget: int | None  # B_l evictable tokens kept (None when nothing was evicted)
+    kept: int  # tokens the layer holds after prefill (B_l + w, or all)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Everything a task run produced and measured. Bytes from the cache tensors, times in seconds."""
+
+    task: str
+    answer: str
+    model: str
+    device: str
+    dtype: str
+    attention: str
+    prompt_tokens: int
+    document_tokens: int
+    original_document_tokens: int
+    budget: int  # B, tokens per layer on average incl. window
+    window: int
+    tau1: float
+    tau2: float
+    tau_rule: str
+    gamma: float
+    decode_policy: str
+    evicted: bool
+    layers: tuple[LayerResult, ...]
+    kv_bytes_full: int
+    kv_bytes_kept: int
+    kv_bytes_final: int
+    kv_peak_prefill: int
+    load_seconds: float
+    prefill_seconds: float
+    decode_seconds: float
+    decode_steps: int
+    generated_tokens: int
+    eviction_seconds: float
+    stop_reason: str
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def saved_fraction(self) -> float:
+        """1 - kept / full KV bytes after prefill."""
+        return 1.0 - self.kv_bytes_kept / self.kv_bytes_full if self.kv_bytes_full else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.decode_steps / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: every field plus the derived ratios."""
+        data = asdict(self)
+        data["layers"] = [asdict(layer) for layer in self.layers]
+        data["warnings"] = list(self.warnings)
+        data["saved_fraction"] = self.saved_fraction
+        data["decode_tokens_per_second"] = self.decode_tokens_per_second
+        data["cake_cli_version"] = __version__
+        return data
+
+
+def preference_shares(log_prefs: list[float | None]) -> list[float | None]:
+    """P_l / sum P from log P (softmax); None entries stay None."""
+    finite = [x for x in log_prefs if x is not None and x != float("-inf")]
+    if not finite:
+        return [None if x is None else 0.0 for x in log_prefs]
+    top = max(finite)
+    weights = [None if x is None else (0.0 if x == float("-inf") else math.exp(x - top)) for x in log_prefs]
+    total = sum(w for w in weights if w is not None)
+    return [None if w is None else w / total for w in weights]

@@ -1,0 +1,157 @@
+"""One task run, end to end: document -> prompt -> CAKE prefill + decode -> RunResult.
+
+No typer or rich here: the CLI passes callbacks for streamed text and progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cake_cli.engine.sampling import SamplingConfig
+from cake_cli.errors import CakeError
+from cake_cli.results import LayerResult, RunResult, preference_shares
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """What the user asked for. None means "the profile's / template's default"."""
+
+    task: str
+    document: str  # path or "-"
+    fields: dict[str, str] = field(default_factory=dict)  # template fields, e.g. question
+    model: str | None = None
+    budget: int = 1024
+    window: int | None = None
+    decode_policy: str = "fixed"
+    dtype: str = "auto"
+    attention: str = "auto"  # auto | eager | sdpa | flash_attention_2
+    device_map: str | None = None
+    max_new_tokens: int | None = None
+    sampling: SamplingConfig = SamplingConfig()
+    truncate: str = "middle"
+    password: str | None = None
+
+
+@dataclass
+class Callbacks:
+    """Hooks for the front end: streamed answer text, status lines, prefill progress, warnings."""
+
+    on_text: Callable[[str], None] | None = None
+    on_status: Callable[[str], None] | None = None
+    on_layer: Callable[[int, int], None] | None = None
+    on_warning: Callable[[str], None] | None = None
+
+
+def _streamer(tokenizer, on_text):
+    """A transformers TextStreamer that hands finished text pieces to `on_text`."""
+    from transformers import TextStreamer
+
+    class _Streamer(TextStreamer):
+        def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
+            if text:
+                on_text(text)
+
+    return _Streamer(tokenizer, skip_prompt=False, skip_special_tokens=True)
+
+
+def stop_token_ids(loaded) -> frozenset[int]:
+    """EOS ids of the tokenizer and the generation config."""
+    ids = set()
+    for source in (loaded.tokenizer.eos_token_id, getattr(loaded.model.generation_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(x) for x in source)
+    return frozenset(ids)
+
+
+def cake_config_for(loaded, request: TaskRequest, warn: Callable[[str], None]):
+    """CakeConfig from the request and the model's profile; returns (config, tau_rule)."""
+    from cake_cli.engine.config import CakeConfig
+
+    profile = loaded.profile
+    if profile is None:
+        warn(f"no profile for {loaded.name}: using tau1 = tau2 = 1.0, window 32, gamma 200 "
+             "(the CAKE authors' fallback); add a profile with tuned taus for better allocation")
+        tau1, tau2, rule, window, gamma, pool = 1.0, 1.0, "no profile: default 1.0", 32, 200.0, ("avg", 5)
+    else:
+        choice = profile.taus_for(request.budget)
+        tau1, tau2, rule = choice.tau1, choice.tau2, choice.rule
+        window, gamma, pool = profile.window, profile.gamma, (profile.pooling.kind, profile.pooling.kernel)
+    config = CakeConfig(budget=request.budget, window=request.window if request.window is not None else window, tau1=tau1, tau2=tau2, gamma=gamma,
+                        pool_kind=pool[0], pool_kernel=pool[1], decode_policy=request.decode_policy)
+    return config, rule
+
+
+def run_task(request: TaskRequest, callbacks: Callbacks | None = None) -> RunResult:
+    """Run one task with CAKE and return what it produced and measured.
+
+    Raises:
+        CakeError: bad document, model or options (one line with a hint).
+    """
+    import torch
+
+    from cake_cli.documents import load_document
+    from cake_cli.engine.attention import default_backend, use_cake_attention
+    from cake_cli.engine.generate import generate
+    from cake_cli.loader import load_model
+    from cake_cli.tasks import build_prompt, load_template
+
+    cb = callbacks or Callbacks()
+    warnings: list[str] = []
+
+    def warn(message: str) -> None:
+        warnings.append(message)
+        if cb.on_warning:
+            cb.on_warning(message)
+
+    template = load_template(request.task)
+    doc = load_document(request.document, password=request.password)
+    for message in doc.warnings:
+        warn(message)
+    loaded = load_model(request.model, dtype=request.dtype, device_map=request.device_map,
+                        progress=cb.on_status)
+    backend = default_backend(loaded.device) if request.attention == "auto" else request.attention
+    try:
+        use_cake_attention(loaded.model, backend)
+    except ValueError as exc:
+        raise CakeError(str(exc), "use --attention sdpa or eager") from None
+    config, tau_rule = cake_config_for(loaded, request, warn)
+    max_new = request.max_new_tokens if request.max_new_tokens is not None else template.max_new_tokens
+    limit = loaded.profile.max_prompt_tokens if loaded.profile else \
+        int(getattr(loaded.model.config, "max_position_embeddings", 4096)) - max_new
+    prompt = build_prompt(loaded.tokenizer, template, doc.text, max_prompt_tokens=limit,
+                          truncate=request.truncate, **request.fields)
+    for message in prompt.warnings:
+        warn(message)
+    if len(prompt.input_ids) <= config.budget:
+        warn(f"the budget ({config.budget}) is not smaller than the prompt ({len(prompt.input_ids)} tokens): "
+             "nothing is evicted (0% saved), output equals the full cache")
+
+    streamer = _streamer(loaded.tokenizer, cb.on_text) if cb.on_text else None
+    input_ids = torch.tensor([prompt.input_ids], device=loaded.device)
+    if cb.on_status:
+        cb.on_status(f"prefill: {len(prompt.input_ids)} tokens through {loaded.model.config.num_hidden_layers} layers")
+    result = generate(loaded.model, input_ids, config, max_new_tokens=max_new, sampling=request.sampling,
+                      stop_ids=stop_token_ids(loaded), on_layer=cb.on_layer,
+                      on_token=(lambda t: streamer.put(torch.tensor([t]))) if streamer else None)
+    if streamer:
+        streamer.end()
+    answer = loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=True).strip()
+    shares = preference_shares([row.stats.log_preference if row.stats else None for row in result.layers])
+    layers = tuple(LayerResult(row.layer, row.stats.dispersion if row.stats else None,
+                               row.stats.shift if row.stats else None, share, row.budget, row.kept)
+                   for row, share in zip(result.layers, shares))
+    return RunResult(
+        task=request.task, answer=answer, model=loaded.name, device=str(loaded.device),
+        dtype=str(loaded.dtype).replace("torch.", ""), attention=backend, prompt_tokens=result.prompt_tokens,
+        document_tokens=prompt.document_tokens, original_document_tokens=prompt.original_document_tokens,
+        budget=config.budget, window=config.window, tau1=config.tau1, tau2=config.tau2, tau_rule=tau_rule,
+        gamma=config.gamma, decode_policy=config.decode_policy, evicted=result.evicted, layers=layers,
+        kv_bytes_full=result.kv_bytes_full, kv_bytes_kept=result.kv_bytes_kept,
+        kv_bytes_final=result.kv_bytes_final, kv_peak_prefill=result.kv_peak_prefill,
+        load_seconds=loaded.load_seconds, prefill_seconds=result.prefill_seconds,
+        decode_seconds=result.decode_seconds, decode_steps=result.decode_steps,
+        generated_tokens=len(result.token_ids), eviction_seconds=result.eviction_seconds,
+        stop_reason=result.stop_reason, warnings=tuple(warnings))

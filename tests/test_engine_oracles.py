@@ -61,8 +61,9 @@ def test_fixed_policy_keeps_sizes_and_grow_appends(tiny_model):
         config = CakeConfig(budget=20, window=6, decode_policy=policy)
         result = generate(tiny_model, ids, config, max_new_tokens=new)
         sizes[policy] = (result.kv_bytes_kept, result.kv_bytes_final)
-    assert sizes["fixed"][0] == sizes["fixed"][1]
     token_bytes = 2 * 2 * 8 * 4  # K and V, 2 KV heads, head dim 8, fp32: one token in one layer
+    # fixed: each layer holds its B_l + w live tokens plus the one released slot the next token reuses
+    assert sizes["fixed"][1] == sizes["fixed"][0] + 4 * token_bytes
     assert sizes["fixed"][0] == 20 * 4 * token_bytes  # B·L slots: budgets sum exactly here
     assert sizes["grow"][1] - sizes["grow"][0] == 4 * token_bytes * (new - 1)  # last token is not fed back
 

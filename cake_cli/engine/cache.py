@@ -22,16 +22,32 @@ class CakeLayer(DynamicLayer):
         super().__init__(**kwargs)
         self.positions: torch.Tensor | None = None
         self.seen = 0  # tokens ever appended = the next token's true position
+        self.free: torch.Tensor | None = None  # [H_kv] a released slot per head, reused by the next token
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Append q new tokens at their true positions seen..seen+q-1; return the whole layer.
+        """Add q new tokens at their true positions seen..seen+q-1; return the whole layer.
+
+        A single new token overwrites the slot released by `release` (no copy of the layer);
+        otherwise released slots are dropped and the tokens are appended.
 
         Args:
             key_states, value_states: [1, H_kv, q, d] (keys already rotated).
 
         Returns:
-            (keys, values): [1, H_kv, len + q, d].
+            (keys, values): [1, H_kv, slots, d], every slot holding a live token.
         """
+        q = key_states.shape[-2]
+        if self.free is not None:
+            if q == 1:
+                slot = self.free.view(1, -1, 1, 1).expand(1, self.free.shape[0], 1, self.keys.shape[-1])
+                self.keys.scatter_(2, slot, key_states)  # [1, H_kv, slots, d]
+                self.values.scatter_(2, slot, value_states)
+                self.positions.scatter_(1, self.free.unsqueeze(1),
+                                        torch.full_like(self.free.unsqueeze(1), self.seen))
+                self.free = None
+                self.seen += 1
+                return self.keys, self.values
+            self.compact()
         keys, values = super().update(key_states, value_states)
         q = key_states.shape[-2]
         new = torch.arange(self.seen, self.seen + q, device=key_states.device)
@@ -51,6 +67,29 @@ class CakeLayer(DynamicLayer):
         self.keys = self.keys.gather(2, expanded)  # [1, H_kv, k, d]
         self.values = self.values.gather(2, expanded)  # [1, H_kv, k, d]
         self.positions = self.positions.gather(1, index)  # [H_kv, k]
+
+    def release(self, slot: torch.Tensor) -> None:
+        """Mark one slot per KV head as evicted; the next single-token update overwrites it.
+
+        Args:
+            slot: [H_kv] int64 slot index per head.
+        """
+        self.free = slot
+
+    def compact(self) -> None:
+        """Physically drop released slots, keeping position order."""
+        if self.free is None:
+            return
+        order = torch.argsort(self.positions, dim=-1)  # [H_kv, slots]: slot ids in position order
+        alive = order[order != self.free.unsqueeze(1)].view(order.shape[0], -1)  # one dead slot per row
+        self.free = None
+        self.keep(alive)  # [1, H_kv, slots - 1, d]
+
+    def live(self) -> int:
+        """Tokens held per KV head (slots minus a released one)."""
+        if not self.is_initialized or self.keys is None:
+            return 0
+        return self.keys.shape[-2] - (1 if self.free is not None else 0)
 
     def nbytes(self) -> int:
         """Bytes held by this layer's key and value tensors (0 before the first token)."""
@@ -100,8 +139,8 @@ class CakeCache(Cache):
         self.peak_bytes = max(self.peak_bytes, self.kv_bytes())
 
     def lengths(self) -> list[int]:
-        """Tokens held per layer (same for every KV head of a layer)."""
-        return [layer.keys.shape[-2] if layer.is_initialized else 0 for layer in self.layers]
+        """Live tokens held per layer (same for every KV head of a layer)."""
+        return [layer.live() for layer in self.layers]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """True number of tokens seen (not the compressed length), for callers that derive positions."""

@@ -4,6 +4,9 @@ After layer m has attended over the whole prompt, its window attention gives H_m
 the indicator of its evictable tokens; then every layer 0..m is evicted to its stage-m budget
 B_l^(m) (Eqs. 9-10). Re-eviction ranks the stored indicator of the tokens a layer still holds,
 so the result equals one eviction with the final budgets (Thm. 1).
+
+Baselines run the same path with another allocation (uniform / pyramid budgets, fixed before
+prefill, so each layer is evicted once) and/or another indicator (`methods.token_scores`).
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import torch
 
 from cake_cli.engine import allocation
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.indicator import cake_indicator, top_k_sorted
-from cake_cli.engine.preference import dispersion, log_preference, shift
+from cake_cli.engine.indicator import top_k_sorted
+from cake_cli.engine.methods import static_budgets, token_scores
+from cake_cli.engine.preference import dispersion, log_preference, shift, variance_rows
 from cake_cli.engine.window import window_attention
 
 
@@ -55,6 +59,8 @@ class CascadePrefill:
         self.indicators: list[torch.Tensor | None] = [None] * num_layers
         self.evicting = prompt_len > config.budget
         self.seconds = 0.0
+        self.schedule = None if config.allocation == "cake" else static_budgets(
+            config.allocation, num_layers, config.evictable_total(num_layers), self.cap)
 
     @property
     def cap(self) -> int:
@@ -80,22 +86,29 @@ class CascadePrefill:
         if self.prompt_len > w:
             a = window_attention(query[0, :, -w:, :], key[0], scaling)  # [H, w, n]
             a_ev = a[:, :, : self.prompt_len - w]  # [H, w, n - w], not renormalised
-            h, v = dispersion(a_ev), shift(a_ev)
+            var = variance_rows(a_ev)  # [H, n - w], shared by V_l (Eq. 5-6) and the indicator (Eq. 11)
+            h, v = dispersion(a_ev), shift(var)
             self.stats[layer_idx] = LayerStats(h, v, log_preference(h, v, cfg.tau1, cfg.tau2))
             if self.evicting:
-                self.indicators[layer_idx] = cake_indicator(
-                    a_ev, cfg.gamma, cfg.pool_kind, cfg.pool_kernel, key.shape[1])  # [H_kv, n - w]
+                num_kv = key.shape[1]
+                positions = torch.arange(self.cap, device=key.device).expand(num_kv, self.cap)  # [H_kv, n - w]
+                self.indicators[layer_idx] = token_scores(
+                    cfg.indicator, a_ev, positions, num_kv, gamma=cfg.gamma,
+                    pool=(cfg.pool_kind, cfg.pool_kernel), column_var=var)  # [H_kv, n - w]
                 self._cascade(cache, layer_idx)
-            del a, a_ev
+            del a, a_ev, var
         self.seconds += time.perf_counter() - start
         if self.on_layer is not None:
             self.on_layer(layer_idx, self.num_layers)
 
     def _cascade(self, cache, m: int) -> None:
         """Stage m: allocate over layers 0..m (Eq. 9) and evict each to its budget (Eq. 10)."""
-        logs = [s.log_preference for s in self.stats[: m + 1]]
-        total = self.config.evictable_total(self.num_layers)
-        budgets = allocation.allocate(logs, total, self.cap, self.stages[-1] if self.stages else None)
+        if self.schedule is not None:
+            budgets = self.schedule[: m + 1]
+        else:
+            logs = [s.log_preference for s in self.stats[: m + 1]]
+            total = self.config.evictable_total(self.num_layers)
+            budgets = allocation.allocate(logs, total, self.cap, self.stages[-1] if self.stages else None)
         self.stages.append(budgets)
         for layer_idx, budget in enumerate(budgets):
             self.evict_layer(cache, layer_idx, budget)

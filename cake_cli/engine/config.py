@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from cake_cli.errors import UsageError
 
 DECODE_POLICIES = ("fixed", "grow")
+ALLOCATIONS = ("uniform", "pyramid", "cake")
+INDICATORS = ("cake", "snapkv", "h2o", "tova", "streaming")
 POOL_KINDS = ("avg", "max")
 
 
@@ -25,6 +27,10 @@ class CakeConfig:
         pool_kernel: odd kernel size of that pooling, in tokens.
         decode_policy: "fixed" (every layer stays at its size after prefill, one token evicted
             per new token, spec §4) or "grow" (new tokens appended, nothing more evicted).
+        allocation: how B_total is split over layers: "cake" (preference cascade, Eq. 7-10),
+            "uniform" or "pyramid" (spec §6).
+        indicator: which tokens a layer keeps: "cake" (Eq. 11), "snapkv", "h2o", "tova",
+            "streaming" (spec §6). See `methods.py` for the named pairings.
 
     Raises:
         UsageError: from `validate` when a value is out of range.
@@ -38,6 +44,8 @@ class CakeConfig:
     pool_kind: str = "avg"
     pool_kernel: int = 5
     decode_policy: str = "fixed"
+    allocation: str = "cake"
+    indicator: str = "cake"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -64,6 +72,10 @@ class CakeConfig:
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
             raise UsageError(f"pooling kernel must be a positive odd number (got {self.pool_kernel})",
                              "the paper uses 5")
+        if self.allocation not in ALLOCATIONS:
+            raise UsageError(f"unknown allocation '{self.allocation}'", f"choose one of {', '.join(ALLOCATIONS)}")
+        if self.indicator not in INDICATORS:
+            raise UsageError(f"unknown indicator '{self.indicator}'", f"choose one of {', '.join(INDICATORS)}")
         if self.decode_policy not in DECODE_POLICIES:
             raise UsageError(f"unknown decode policy '{self.decode_policy}'",
                              f"choose one of {', '.join(DECODE_POLICIES)}")

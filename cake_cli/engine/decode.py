@@ -1,8 +1,9 @@
 """Decode-time policies (spec §4): `grow` appends, `fixed` keeps each layer at its size.
 
-`fixed` follows the authors' code: after each new token, the lowest-scoring tokens outside the
-most recent w are evicted, scored by the new queries' attention (mean over the new queries,
-pooled along tokens like Eq. 11's smoothing, averaged over each KV head's query heads).
+`fixed` follows the authors' code: after each new token, the lowest-scoring token outside the
+most recent w is evicted, scored by the new query's attention through the method's indicator
+(for CAKE: Eq. 11 over the new queries, pooled along tokens, averaged over each KV head's query
+heads).
 """
 
 from __future__ import annotations
@@ -12,15 +13,21 @@ import time
 import torch
 
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.indicator import group_mean, smooth, top_k_sorted
+from cake_cli.engine.indicator import top_k_sorted
+from cake_cli.engine.methods import token_scores
 from cake_cli.engine.window import window_attention
 
 
 class FixedDecode:
     """Keeps layer l at `capacity[l]` tokens during decoding.
 
+    With one new token per step (the usual case) the evicted token's slot is released and the
+    next token overwrites it, so no step copies the layer's cache. Scores are computed in
+    position order (pooling runs along the sequence), from the method's indicator over the new
+    queries' attention; the most recent w tokens are never evicted.
+
     Args:
-        config: CAKE settings (window, pooling).
+        config: CAKE settings (window, indicator, pooling, gamma).
         capacity: [L] tokens per layer, e.g. B_l + w after an evicting prefill.
 
     Attributes:
@@ -33,24 +40,35 @@ class FixedDecode:
         self.seconds = 0.0
 
     def after_attention(self, cache, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
-        """Evict layer `layer_idx` back to its capacity after q new tokens were appended.
+        """Evict layer `layer_idx` back to its capacity after q new tokens were added.
 
         Args:
             query: [1, H, q, d] rotated queries of the new tokens.
-            key: [1, H_kv, k, d] all keys the layer holds (the q new ones last).
+            key: [1, H_kv, k, d] every slot the layer holds (all live at this point).
         """
         k = key.shape[-2]
-        cap, w = self.capacity[layer_idx], self.config.window
+        cap, cfg = self.capacity[layer_idx], self.config
         if k <= cap:
             return
         start = time.perf_counter()
-        w = min(w, cap)
-        a = window_attention(query[0], key[0], scaling)  # [H, q, k]
-        candidates = smooth(a[:, :, : k - w].mean(dim=1), self.config.pool_kind, self.config.pool_kernel)  # [H, k-w]
-        scores = group_mean(candidates, key.shape[1])  # [H_kv, k - w]
-        chosen = top_k_sorted(scores, cap - w)  # [H_kv, cap - w]
-        recent = torch.arange(k - w, k, device=chosen.device).expand(chosen.shape[0], w)
-        cache.layers[layer_idx].keep(torch.cat([chosen, recent], dim=-1))
+        layer = cache.layers[layer_idx]
+        w = min(cfg.window, cap)
+        num_heads, num_kv = query.shape[1], key.shape[1]
+        order = torch.argsort(layer.positions, dim=-1)  # [H_kv, k]: slots in position order
+        a = window_attention(query[0], key[0], scaling)  # [H, q, k]; q = 1 or the new tokens are last
+        by_head = order.repeat_interleave(num_heads // num_kv, dim=0)  # [H, k]
+        a = a.gather(2, by_head.unsqueeze(1).expand(-1, a.shape[1], -1))  # [H, q, k] in position order
+        m = k - w  # candidates: everything but the most recent w
+        scores = token_scores(cfg.indicator, a[:, :, :m], layer.positions.gather(1, order)[:, :m], num_kv,
+                              gamma=cfg.gamma, pool=(cfg.pool_kind, cfg.pool_kernel))  # [H_kv, m]
+        if k - cap == 1 and query.shape[2] == 1:
+            # lowest score; among ties the latest, as top_k_sorted keeps the earliest
+            victim = (m - 1) - torch.argmin(scores.flip(-1), dim=-1)  # [H_kv]
+            layer.release(order.gather(1, victim.unsqueeze(1)).squeeze(1))
+        else:
+            chosen = top_k_sorted(scores, cap - w)  # [H_kv, cap - w] in position-order space
+            recent = torch.arange(m, k, device=chosen.device).expand(num_kv, w)
+            layer.keep(order.gather(1, torch.cat([chosen, recent], dim=-1)))
         self.seconds += time.perf_counter() - start
 
 
@@ -59,5 +77,5 @@ class GrowDecode:
 
     seconds = 0.0
 
-    def after_attention(self, cache, layer_idx, query, key, scaling) -> None:  # noqa: D401 - no-op hook
+    def after_attention(self, cache, layer_idx, query, key, scaling) -> None:
         """Nothing to do."""

@@ -1,11 +1,13 @@
-"""Eviction indicator (paper Sec. 4.3, Eq. 11), pooling, GQA aggregation and top-k selection."""
+"""Building blocks of eviction indicators (paper Sec. 4.3): pooling, GQA aggregation, top-k.
+
+The indicators themselves (CAKE's Eq. 11 and the baselines') are in `methods.token_scores`.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from cake_cli.engine.preference import variance_rows
 
 
 def smooth(scores: torch.Tensor, kind: str, kernel: int) -> torch.Tensor:
@@ -37,24 +39,6 @@ def group_mean(scores: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """
     num_heads, m = scores.shape
     return scores.reshape(num_kv_heads, num_heads // num_kv_heads, m).mean(dim=1)  # [H_kv, m]
-
-
-def cake_indicator(a_ev: torch.Tensor, gamma: float, pool_kind: str, pool_kernel: int,
-                   num_kv_heads: int) -> torch.Tensor:
-    """I = mean_i A + gamma · Var_i A over the window rows, pooled per query head, then averaged
-    over each KV head's query heads (Eq. 11, spec §3).
-
-    Args:
-        a_ev: [H, w, m] float32 window attention over m candidate keys (not renormalised).
-        gamma: variance weight (200 in the paper).
-        pool_kind, pool_kernel: smoothing along tokens.
-        num_kv_heads: H_kv.
-
-    Returns:
-        [H_kv, m] float32 indicator; larger = more important.
-    """
-    per_head = a_ev.mean(dim=-2) + gamma * variance_rows(a_ev)  # [H, m]
-    return group_mean(smooth(per_head, pool_kind, pool_kernel), num_kv_heads)
 
 
 def top_k_sorted(scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -32,16 +32,17 @@ def dispersion(a_ev: torch.Tensor) -> float:
     return float(-torch.special.xlogy(a_ev, a_ev).sum(dtype=torch.float64))
 
 
-def shift(a_ev: torch.Tensor) -> float:
-    """Temporal shift V_l = sum_{h,j} Var_i A[h,i,j], variance over the w window rows (Eqs. 5-6).
+def shift(column_var: torch.Tensor) -> float:
+    """Temporal shift V_l = sum_{h,j} Var_i A[h,i,j] (Eqs. 5-6).
 
     Args:
-        a_ev: [H, w, n - w] window attention over the evictable keys.
+        column_var: [H, n - w] variance of each evictable column over the w window rows
+            (`variance_rows(a_ev)`; computed once and shared with the indicator, Eq. 11).
 
     Returns:
         V_l >= 0 as a Python float (0 when w = 1).
     """
-    return float(variance_rows(a_ev).sum(dtype=torch.float64))
+    return float(column_var.sum(dtype=torch.float64))
 
 
 def log_preference(dispersion_h: float, shift_v: float, tau1: float, tau2: float) -> float:

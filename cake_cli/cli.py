@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cake_cli.app import app
-from cake_cli.commands import info, tasks  # noqa: F401 - registers the commands
+from cake_cli.commands import bench, info, tasks  # noqa: F401 - registers the commands
 
 __all__ = ["app", "main"]
 

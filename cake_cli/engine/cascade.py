@@ -73,7 +73,7 @@ class CascadePrefill:
         return self.stages[-1] if self.evicting and len(self.stages) == self.num_layers else None
 
     def after_attention(self, cache, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
-        """Score layer `layer_idx` and cascade-evict layers 0..layer_idx.
+        """Score layer `layer_idx` from its window attention and cascade-evict layers 0..layer_idx.
 
         Args:
             cache: the CakeCache being filled.
@@ -82,24 +82,34 @@ class CascadePrefill:
             scaling: softmax scale.
         """
         start = time.perf_counter()
-        cfg, w = self.config, self.config.window
-        if self.prompt_len > w:
-            a = window_attention(query[0, :, -w:, :], key[0], scaling)  # [H, w, n]
-            a_ev = a[:, :, : self.prompt_len - w]  # [H, w, n - w], not renormalised
-            var = variance_rows(a_ev)  # [H, n - w], shared by V_l (Eq. 5-6) and the indicator (Eq. 11)
-            h, v = dispersion(a_ev), shift(var)
-            self.stats[layer_idx] = LayerStats(h, v, log_preference(h, v, cfg.tau1, cfg.tau2))
-            if self.evicting:
-                num_kv = key.shape[1]
-                positions = torch.arange(self.cap, device=key.device).expand(num_kv, self.cap)  # [H_kv, n - w]
-                self.indicators[layer_idx] = token_scores(
-                    cfg.indicator, a_ev, positions, num_kv, gamma=cfg.gamma,
-                    pool=(cfg.pool_kind, cfg.pool_kernel), column_var=var)  # [H_kv, n - w]
-                self._cascade(cache, layer_idx)
-            del a, a_ev, var
+        w = self.config.window
+        a = window_attention(query[0, :, -w:, :], key[0], scaling) if self.prompt_len > w else None  # [H, w, n]
+        self.observe(cache, layer_idx, a, key.shape[1])
         self.seconds += time.perf_counter() - start
         if self.on_layer is not None:
             self.on_layer(layer_idx, self.num_layers)
+
+    def observe(self, cache, layer_idx: int, a: torch.Tensor | None, num_kv: int) -> None:
+        """Statistics (Eqs. 3-7), indicator (Eq. 11 or a baseline's) and cascade step for one layer.
+
+        Args:
+            cache: the CakeCache being filled (layers 0..layer_idx hold their tokens).
+            a: [H, w, n] float32 window attention of this layer, or None when n <= w.
+            num_kv: H_kv.
+        """
+        if a is None:
+            return
+        cfg = self.config
+        a_ev = a[:, :, : self.cap]  # [H, w, n - w], not renormalised
+        var = variance_rows(a_ev)  # [H, n - w], shared by V_l (Eqs. 5-6) and the indicator (Eq. 11)
+        h, v = dispersion(a_ev), shift(var)
+        self.stats[layer_idx] = LayerStats(h, v, log_preference(h, v, cfg.tau1, cfg.tau2))
+        if self.evicting:
+            positions = torch.arange(self.cap, device=a.device).expand(num_kv, self.cap)  # [H_kv, n - w]
+            self.indicators[layer_idx] = token_scores(
+                cfg.indicator, a_ev, positions, num_kv, gamma=cfg.gamma,
+                pool=(cfg.pool_kind, cfg.pool_kernel), column_var=var)  # [H_kv, n - w]
+            self._cascade(cache, layer_idx)
 
     def _cascade(self, cache, m: int) -> None:
         """Stage m: allocate over layers 0..m (Eq. 9) and evict each to its budget (Eq. 10)."""

@@ -133,17 +133,11 @@ def generate(model, input_ids: torch.Tensor, config: CakeConfig | None, *, max_n
              on_layer: Callable[[int, int], None] | None = None,
              step_logits: list | None = None,
              forced_tokens: list[int] | None = None) -> GenerationResult:
-    """Prefill with the CAKE cascade (unless `config` is None), then decode token by token at
-    true positions n, n+1, ... with the configured decode policy (spec §4).
+    """Prefill with the CAKE cascade (unless `config` is None), then decode (see `decode`).
 
     Args:
         model, input_ids, config, on_layer: as for `prefill`.
-        max_new_tokens: most tokens to generate (>= 0).
-        sampling: greedy by default.
-        stop_ids: token ids that end generation (EOS); the stop token is not returned.
-        on_token: called with each generated token id as soon as it is chosen (streaming).
-        step_logits: if a list, receives the [1, V] float32 logits of every step (tests).
-        forced_tokens: feed these tokens instead of sampling (teacher forcing, for oracles).
+        max_new_tokens, sampling, stop_ids, on_token, step_logits, forced_tokens: as for `decode`.
 
     Returns:
         GenerationResult with token ids, per-layer budgets and measured memory and times.
@@ -152,6 +146,33 @@ def generate(model, input_ids: torch.Tensor, config: CakeConfig | None, *, max_n
         ValueError: batch size other than 1 or an empty prompt.
     """
     state = prefill(model, input_ids, config, on_layer=on_layer, step_logits=step_logits)
+    return decode(model, input_ids, state, config, max_new_tokens=max_new_tokens, sampling=sampling,
+                  stop_ids=stop_ids, on_token=on_token, step_logits=step_logits, forced_tokens=forced_tokens)
+
+
+@torch.inference_mode()
+def decode(model, input_ids: torch.Tensor, state: Prefilled, config: CakeConfig | None, *,
+           max_new_tokens: int = 256, sampling: SamplingConfig = SamplingConfig(),
+           stop_ids: frozenset[int] = frozenset(), on_token: Callable[[int], None] | None = None,
+           step_logits: list | None = None, forced_tokens: list[int] | None = None) -> GenerationResult:
+    """Decode token by token at true positions n, n+1, ... after `prefill` (or `replay.replay`),
+    with the configured decode policy (spec §4).
+
+    Args:
+        model: the model that filled `state`.
+        input_ids: [1, n] the prompt (history for sampling processors).
+        state: the prefilled cache and next-token logits.
+        config: the CAKE settings used for `state` (None: full cache).
+        max_new_tokens: most tokens to generate (>= 0).
+        sampling: greedy by default.
+        stop_ids: token ids that end generation (EOS); the stop token is not returned.
+        on_token: called with each generated token id as soon as it is chosen (streaming).
+        step_logits: if a list, receives the [1, V] float32 logits of every decode step.
+        forced_tokens: feed these tokens instead of sampling (teacher forcing, for oracles).
+
+    Returns:
+        GenerationResult.
+    """
     cache, logits, n, device = state.cache, state.logits, input_ids.shape[1], input_ids.device
     decode_policy = None
     if config is not None:

@@ -17,10 +17,12 @@ every pairing runs through the same engine path (cascade.py, decode.py).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from cake_cli.engine import allocation
-from cake_cli.engine.config import ALLOCATIONS, INDICATORS  # noqa: F401 - re-exported
+from cake_cli.engine.config import ALLOCATIONS, INDICATORS, CakeConfig  # noqa: F401 - re-exported
 from cake_cli.engine.indicator import group_mean, smooth
 from cake_cli.engine.preference import variance_rows
 
@@ -95,3 +97,15 @@ def static_budgets(kind: str, num_layers: int, total: int, cap: int) -> list[int
         return allocation.round_budgets(allocation.waterfill(weights, float(total), float(cap)), cap)
     raise ValueError(f"no static schedule for allocation {kind!r}")
 
+
+
+def with_method(base: CakeConfig, method: str) -> CakeConfig | None:
+    """`base` switched to a named method's allocation and indicator; None for "full".
+
+    Raises:
+        ValueError: unknown method name.
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    pair = METHODS[method]
+    return None if pair is None else replace(base, allocation=pair[0], indicator=pair[1])

@@ -1,0 +1,1 @@
+"""Benchmarks: speed and memory (`speed.py`), quality (`quality.py`)."""

@@ -1,0 +1,89 @@
+"""Record one prefill, then replay the eviction of any method and budget on it (benchmarks).
+
+The prefill forward is the same for every method: each layer attends over the whole prompt, and
+eviction only changes what earlier layers keep afterwards. So a benchmark grid can run the
+model once per prompt, record every layer's full K/V and window attention, and replay the
+cascade (`CascadePrefill.observe`, the same code the live prefill runs, layer by layer) for each
+(method, budget). The replayed cache equals the live one; `tests/test_replay.py` checks it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from cake_cli.engine.cache import CakeCache
+from cake_cli.engine.cascade import CascadePrefill
+from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.generate import Prefilled, _forward, _sync
+from cake_cli.engine.window import window_attention
+
+
+class _Recorder:
+    """Prefill policy that keeps every layer's window attention and evicts nothing."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self.attention: dict[int, torch.Tensor] = {}
+
+    def after_attention(self, cache, layer_idx, query, key, scaling) -> None:
+        if query.shape[2] > self.window:
+            self.attention[layer_idx] = window_attention(query[0, :, -self.window:, :], key[0], scaling)
+
+
+@dataclass
+class Recording:
+    """A full-cache prefill of one prompt with every layer's window attention [H, w, n]."""
+
+    cache: CakeCache
+    attention: list[torch.Tensor | None]
+    logits: torch.Tensor  # [1, V]
+    window: int
+    seconds: float
+
+
+@torch.inference_mode()
+def record(model, input_ids: torch.Tensor, window: int) -> Recording:
+    """Run the prompt once with a full cache, keeping each layer's window attention (float32).
+
+    Memory: the full KV cache plus L · H · w · n float32 values.
+    """
+    num_layers = model.config.num_hidden_layers
+    recorder = _Recorder(window)
+    cache = CakeCache(num_layers, policy=recorder)
+    _sync(input_ids.device)
+    start = time.perf_counter()
+    logits = _forward(model, cache, input_ids, 0, None)
+    _sync(input_ids.device)
+    cache.policy = None
+    return Recording(cache, [recorder.attention.get(i) for i in range(num_layers)], logits, window,
+                     time.perf_counter() - start)
+
+
+def replay(rec: Recording, config: CakeConfig | None) -> Prefilled:
+    """The state a live `prefill` with `config` would leave, from a recording (cache copied).
+
+    Raises:
+        ValueError: `config.window` differs from the recording's window.
+    """
+    num_layers = len(rec.cache.layers)
+    cache = CakeCache(num_layers)
+    for src, dst in zip(rec.cache.layers, cache.layers):
+        dst.lazy_initialization(src.keys, src.values)
+        dst.keys, dst.values = src.keys.clone(), src.values.clone()
+        dst.positions, dst.seen = src.positions.clone(), src.seen
+    cache.full_bytes = rec.cache.full_bytes
+    cascade = None
+    start = time.perf_counter()
+    if config is not None:
+        if config.window != rec.window:
+            raise ValueError(f"recorded with window {rec.window}, replayed with {config.window}")
+        n = rec.cache.layers[0].seen
+        cascade = CascadePrefill(config, num_layers, n)
+        for layer_idx, a in enumerate(rec.attention):
+            cascade.observe(cache, layer_idx, a, cache.layers[layer_idx].keys.shape[1])
+    cache.track_peak()
+    seconds = rec.seconds + time.perf_counter() - start
+    return Prefilled(cache, cascade, rec.logits.clone(), seconds, cache.lengths(), cache.kv_bytes(), cache.peak_bytes)

@@ -15,6 +15,10 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 
+class NonFiniteError(ValueError):
+    """The model produced inf/NaN keys or values; they are never written into the cache."""
+
+
 class CakeLayer(DynamicLayer):
     """One layer's cache: keys/values [1, H_kv, len, d], positions [H_kv, len] (int64)."""
 
@@ -118,7 +122,14 @@ class CakeCache(Cache):
         self.full_bytes = 0
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        """Append to layer `layer_idx` and track memory (see CakeLayer.update)."""
+        """Append to layer `layer_idx` and track memory (see CakeLayer.update).
+
+        Raises:
+            NonFiniteError: the new keys or values hold inf or NaN (e.g. float16 overflow).
+        """
+        if not (torch.isfinite(key_states).all() and torch.isfinite(value_states).all()):
+            raise NonFiniteError(f"layer {layer_idx} produced non-finite keys/values "
+                                 f"({key_states.dtype}); nothing non-finite is cached")
         keys, values = self.layers[layer_idx].update(key_states, value_states)
         if self.layers[layer_idx].seen == key_states.shape[-2]:  # the prompt's first pass
             self.full_bytes += self.layers[layer_idx].nbytes()

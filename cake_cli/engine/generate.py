@@ -41,7 +41,7 @@ class GenerationResult:
     decode_seconds: float
     decode_steps: int
     eviction_seconds: float  # scoring + eviction, prefill and decode
-    stop_reason: str  # "eos" | "max_new_tokens"
+    stop_reason: str  # "eos" | "max_new_tokens" | "max_positions"
     first_logits: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -113,8 +113,14 @@ def prefill(model, input_ids: torch.Tensor, config: CakeConfig | None, *,
     Raises:
         ValueError: batch size other than 1 or an empty prompt.
     """
-    if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] == 0:
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"expected input_ids of shape [1, n>0], got {tuple(input_ids.shape)}")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"batch size {input_ids.shape[0]} is not supported: the engine runs one sequence at a "
+                         "time (layers keep different tokens per sequence)")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and input_ids.shape[1] > limit:
+        raise ValueError(f"the prompt has {input_ids.shape[1]} tokens, past the model's {limit} positions")
     num_layers = model.config.num_hidden_layers
     cascade = CascadePrefill(config, num_layers, input_ids.shape[1], on_layer) if config is not None else None
     cache = CakeCache(num_layers, policy=cascade)
@@ -185,7 +191,11 @@ def decode(model, input_ids: torch.Tensor, state: Prefilled, config: CakeConfig 
     tokens: list[int] = []
     stop_reason = "max_new_tokens"
     decode_seconds, steps = 0.0, 0
+    limit = getattr(model.config, "max_position_embeddings", None) or float("inf")
     while len(tokens) < max_new_tokens:
+        if n + len(tokens) >= limit:  # the next token would sit past the model's position range
+            stop_reason = "max_positions"
+            break
         token = forced_tokens[len(tokens)] if forced_tokens is not None else sampler(history, logits)
         if token in stop_ids and forced_tokens is None:
             stop_reason = "eos"

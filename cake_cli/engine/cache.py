@@ -120,6 +120,7 @@ class CakeCache(Cache):
         self.policy = policy
         self.peak_bytes = 0
         self.full_bytes = 0
+        self.tracking_peak = True  # decode() turns it off: the peak reported is the prefill's
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         """Append to layer `layer_idx` and track memory (see CakeLayer.update).
@@ -146,8 +147,9 @@ class CakeCache(Cache):
         return sum(layer.nbytes() for layer in self.layers)
 
     def track_peak(self) -> None:
-        """Record the current total if it is the largest so far."""
-        self.peak_bytes = max(self.peak_bytes, self.kv_bytes())
+        """Record the current total if it is the largest so far (while `tracking_peak`)."""
+        if self.tracking_peak:
+            self.peak_bytes = max(self.peak_bytes, self.kv_bytes())
 
     def lengths(self) -> list[int]:
         """Live tokens held per layer (same for every KV head of a layer)."""

@@ -185,6 +185,7 @@ def decode(model, input_ids: torch.Tensor, state: Prefilled, config: CakeConfig 
         decode_policy = (FixedDecode(config, decode_capacity(config, state.cascade, state.lengths))
                          if config.decode_policy == "fixed" else GrowDecode())
     cache.policy = decode_policy
+    cache.tracking_peak = False
 
     sampler = Sampler(sampling)
     history = input_ids

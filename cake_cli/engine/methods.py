@@ -61,8 +61,11 @@ def token_scores(kind: str, a: torch.Tensor, positions: torch.Tensor, num_kv_hea
         pos = positions.float()
         return torch.where(pos < SINK_TOKENS, torch.full_like(pos, float("inf")), pos)  # sinks, then recency
     if kind == "cake":
-        var = column_var if column_var is not None else variance_rows(a)
-        per_head = smooth(a.mean(dim=-2) + gamma * var, *pool)  # Eq. 11
+        if a.shape[-2] == 1:  # one query (decode): the variance term is 0
+            per_head = smooth(a[:, 0, :], *pool)
+        else:
+            var = column_var if column_var is not None else variance_rows(a)
+            per_head = smooth(a.mean(dim=-2) + gamma * var, *pool)  # Eq. 11
     elif kind == "snapkv":
         per_head = smooth(a.mean(dim=-2), *SNAPKV_POOL)
     elif kind == "h2o":

@@ -30,10 +30,11 @@ def window_attention(query: torch.Tensor, key: torch.Tensor, scaling: float) -> 
     if num_heads % num_kv or w > n:
         raise ValueError(f"bad shapes: query {tuple(query.shape)}, key {tuple(key.shape)}")
     group = num_heads // num_kv
-    q = query.float().reshape(num_kv, group, w, dim)  # [H_kv, g, w, d]
-    logits = torch.matmul(q, key.float().transpose(-1, -2).unsqueeze(1)) * scaling  # [H_kv, g, w, n]
-    rows = torch.arange(w, device=key.device).unsqueeze(1) + (n - w)  # [w, 1] absolute positions
-    cols = torch.arange(n, device=key.device).unsqueeze(0)  # [1, n]
-    logits.masked_fill_(cols > rows, float("-inf"))  # causal inside the window
-    return torch.softmax(logits, dim=-1).reshape(num_heads, w, n)  # [H, w, n]
+    q = query.float().reshape(num_kv, group * w, dim)  # [H_kv, g·w, d]: each KV head's query rows
+    logits = torch.bmm(q, key.float().transpose(1, 2)).mul_(scaling).view(num_kv, group, w, n)  # [H_kv, g, w, n]
+    if w > 1:
+        rows = torch.arange(w, device=key.device).unsqueeze(1) + (n - w)  # [w, 1] absolute positions
+        cols = torch.arange(n, device=key.device).unsqueeze(0)  # [1, n]
+        logits.masked_fill_(cols > rows, float("-inf"))  # causal inside the window
+    return torch.softmax(logits, dim=-1).view(num_heads, w, n)  # [H, w, n]
 

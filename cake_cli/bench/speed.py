@@ -49,7 +49,7 @@ def config_for(method: str, base: CakeConfig) -> CakeConfig | None:
 def measure(model, ids: torch.Tensor, config: CakeConfig | None, new_tokens: int) -> dict:
     """One run: prefill + `new_tokens` greedy tokens (no EOS stop)."""
     with PeakRss() as rss:
-        r = generate(model, ids, config, max_new_tokens=new_tokens)
+        r = generate(model, ids, config, max_new_tokens=new_tokens, collect_stats=False)
     return {"prefill_seconds": r.prefill_seconds, "decode_tokens_per_second": r.decode_tokens_per_second,
             "kv_bytes_kept": r.kv_bytes_kept, "kv_peak_prefill": r.kv_peak_prefill,
             "kv_bytes_full": r.kv_bytes_full, "rss_peak_delta": max(rss.peak - rss.start, 0),

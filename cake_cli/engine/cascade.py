@@ -41,6 +41,8 @@ class CascadePrefill:
         num_layers: L.
         prompt_len: n, tokens in the prompt.
         on_layer: optional progress callback `(layer_idx, num_layers)` after each layer.
+        collect_stats: compute H_l, V_l, P_l even when the allocation does not use them (for
+            reports); the CAKE allocation always computes them.
 
     Attributes:
         stats: [L] LayerStats (None until the layer ran, or when n <= w).
@@ -49,7 +51,8 @@ class CascadePrefill:
         seconds: wall time spent scoring and evicting, seconds.
     """
 
-    def __init__(self, config: CakeConfig, num_layers: int, prompt_len: int, on_layer=None):
+    def __init__(self, config: CakeConfig, num_layers: int, prompt_len: int, on_layer=None,
+                 collect_stats: bool = True):
         self.config = config
         self.num_layers = num_layers
         self.prompt_len = prompt_len
@@ -59,6 +62,7 @@ class CascadePrefill:
         self.indicators: list[torch.Tensor | None] = [None] * num_layers
         self.evicting = prompt_len > config.budget
         self.seconds = 0.0
+        self.collect_stats = collect_stats or config.allocation == "cake"
         self.schedule = None if config.allocation == "cake" else static_budgets(
             config.allocation, num_layers, config.evictable_total(num_layers), self.cap)
 
@@ -101,9 +105,11 @@ class CascadePrefill:
             return
         cfg = self.config
         a_ev = a[:, :, : self.cap]  # [H, w, n - w], not renormalised
-        var = variance_rows(a_ev)  # [H, n - w], shared by V_l (Eqs. 5-6) and the indicator (Eq. 11)
-        h, v = dispersion(a_ev), shift(var)
-        self.stats[layer_idx] = LayerStats(h, v, log_preference(h, v, cfg.tau1, cfg.tau2))
+        var = None
+        if self.collect_stats:
+            var = variance_rows(a_ev)  # [H, n - w], shared by V_l (Eqs. 5-6) and the indicator (Eq. 11)
+            h, v = dispersion(a_ev), shift(var)
+            self.stats[layer_idx] = LayerStats(h, v, log_preference(h, v, cfg.tau1, cfg.tau2))
         if self.evicting:
             positions = torch.arange(self.cap, device=a.device).expand(num_kv, self.cap)  # [H_kv, n - w]
             self.indicators[layer_idx] = token_scores(

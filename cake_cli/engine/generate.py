@@ -97,7 +97,8 @@ class Prefilled:
 
 @torch.inference_mode()
 def prefill(model, input_ids: torch.Tensor, config: CakeConfig | None, *,
-            on_layer: Callable[[int, int], None] | None = None, step_logits: list | None = None) -> Prefilled:
+            on_layer: Callable[[int, int], None] | None = None, step_logits: list | None = None,
+            collect_stats: bool = True) -> Prefilled:
     """Run the prompt through the model once, cascading CAKE eviction layer by layer (Sec. 4.2).
 
     Args:
@@ -106,6 +107,8 @@ def prefill(model, input_ids: torch.Tensor, config: CakeConfig | None, *,
         config: CAKE settings, or None for the full-cache baseline (nothing evicted).
         on_layer: progress callback (layer_idx, L), called as each layer finishes.
         step_logits: if a list, receives the [1, V] float32 next-token logits.
+        collect_stats: compute H, V, P for every layer even when the allocation does not need
+            them (reports); False keeps baselines lean (speed benchmark).
 
     Returns:
         Prefilled state; the cache holds B_l + w tokens per layer when n > B, else all n.
@@ -122,7 +125,8 @@ def prefill(model, input_ids: torch.Tensor, config: CakeConfig | None, *,
     if limit is not None and input_ids.shape[1] > limit:
         raise ValueError(f"the prompt has {input_ids.shape[1]} tokens, past the model's {limit} positions")
     num_layers = model.config.num_hidden_layers
-    cascade = CascadePrefill(config, num_layers, input_ids.shape[1], on_layer) if config is not None else None
+    cascade = (CascadePrefill(config, num_layers, input_ids.shape[1], on_layer, collect_stats)
+               if config is not None else None)
     cache = CakeCache(num_layers, policy=cascade)
     _sync(input_ids.device)
     start = time.perf_counter()
@@ -138,11 +142,11 @@ def generate(model, input_ids: torch.Tensor, config: CakeConfig | None, *, max_n
              on_token: Callable[[int], None] | None = None,
              on_layer: Callable[[int, int], None] | None = None,
              step_logits: list | None = None,
-             forced_tokens: list[int] | None = None) -> GenerationResult:
+             forced_tokens: list[int] | None = None, collect_stats: bool = True) -> GenerationResult:
     """Prefill with the CAKE cascade (unless `config` is None), then decode (see `decode`).
 
     Args:
-        model, input_ids, config, on_layer: as for `prefill`.
+        model, input_ids, config, on_layer, collect_stats: as for `prefill`.
         max_new_tokens, sampling, stop_ids, on_token, step_logits, forced_tokens: as for `decode`.
 
     Returns:
@@ -151,7 +155,8 @@ def generate(model, input_ids: torch.Tensor, config: CakeConfig | None, *, max_n
     Raises:
         ValueError: batch size other than 1 or an empty prompt.
     """
-    state = prefill(model, input_ids, config, on_layer=on_layer, step_logits=step_logits)
+    state = prefill(model, input_ids, config, on_layer=on_layer, step_logits=step_logits,
+                    collect_stats=collect_stats)
     return decode(model, input_ids, state, config, max_new_tokens=max_new_tokens, sampling=sampling,
                   stop_ids=stop_ids, on_token=on_token, step_logits=step_logits, forced_tokens=forced_tokens)
 

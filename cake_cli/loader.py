@@ -279,7 +279,9 @@ def _check_dtype(dtype: str) -> str | None:
 
 def _load_dir(d: Path, dtype: torch.dtype, device_map, attn_implementation: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a plain checkpoint loads in seconds: our status line is enough
     try:
         tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(

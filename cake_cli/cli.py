@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import cake_cli.commands.tasks  # noqa: F401 - registered first, so the task commands lead `cake --help`
 from cake_cli.app import app
-from cake_cli.commands import bench, info, tasks  # noqa: F401 - registers the commands
+from cake_cli.commands import bench, info, inspect  # noqa: F401 - registers the other commands
 
 __all__ = ["app", "main"]
 

@@ -8,6 +8,23 @@ import typer
 
 Document = Annotated[Optional[str], typer.Argument(
     help="Document: a PDF, a text file, or '-' for stdin (default: stdin when piped).", show_default=False)]
+RequiredDocument = Annotated[str, typer.Argument(
+    help="Document: a PDF, a text file, or '-' for stdin.", show_default=False)]
+SourceFile = Annotated[Optional[str], typer.Argument(
+    help="Source file to continue, or '-' for stdin (default: stdin when piped).", show_default=False)]
+InspectDocument = Annotated[Optional[str], typer.Argument(
+    help="Document: a PDF, a text file, or '-' for stdin (default: a short packaged sample story).",
+    show_default=False)]
+Question = Annotated[str, typer.Argument(help="The question; it ends the prompt, inside CAKE's observation window.",
+                                         show_default=False)]
+Query = Annotated[str, typer.Argument(help="What to look for, e.g. a question the passage answers.",
+                                      show_default=False)]
+ProfileName = Annotated[str, typer.Argument(help="Profile name or alias (see `cake profiles list`).",
+                                            show_default=False)]
+AtLine = Annotated[Optional[int], typer.Option(
+    "--at", show_default=False,
+    help="Complete from this 1-based line: the context is the file before it (default: after the last line).")]
+Lines = Annotated[int, typer.Option("--lines", "-l", help="Most lines of code to print.")]
 Model = Annotated[Optional[str], typer.Option(
     "--model", "-m", envvar="CAKE_MODEL", show_default=False,
     help="Profile name or alias (see `cake profiles list`), local model dir, .gguf file, or cached hub id. "
@@ -38,5 +55,6 @@ Truncate = Annotated[str, typer.Option(
     "--truncate", help="middle: keep the head and tail of a too-long document (with a warning); error: refuse.")]
 Password = Annotated[Optional[str], typer.Option(
     "--password", show_default=False, help="Password of an encrypted PDF.")]
-Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (answer + report) to stdout instead.")]
+Json = Annotated[bool, typer.Option(
+    "--json", help="Print one JSON object to stdout instead (for tasks: the answer and the report).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No report or progress on stderr (warnings still).")]

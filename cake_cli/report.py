@@ -1,4 +1,6 @@
-"""The rich run report (stderr): settings, memory, speed, and the per-layer allocation chart."""
+"""Rich views of the result objects: the run report (stderr), the layer inspector (stdout), and
+the per-layer allocation chart both share. Every number shown comes from the result dataclass
+that --json prints, so the two never disagree."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cake_cli.results import RunResult
+from cake_cli.results import InspectResult, LayerResult, Location, RunResult
 
 BAR_WIDTH = 30
 
@@ -31,19 +33,38 @@ def bar(value: float, top: float, width: int = BAR_WIDTH) -> str:
     return "█" * (eighths // 8) + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[eighths % 8]
 
 
-def summary_table(r: RunResult) -> Table:
-    t = Table(box=None, show_header=False, pad_edge=False)
-    t.add_column(style="bold cyan", no_wrap=True)
-    t.add_column()
+def _settings_rows(t: Table, r: RunResult | InspectResult) -> None:
+    """The model, prompt, budget and taus rows (fields both result types have)."""
     t.add_row("model", f"{r.model} · {r.device} · {r.dtype} · attention {r.attention}")
     doc = f"{r.document_tokens} document tokens"
     if r.document_tokens < r.original_document_tokens:
         doc += f" (middle-truncated from {r.original_document_tokens})"
     t.add_row("prompt", f"{r.prompt_tokens} tokens ({doc})")
     share = min(r.budget / r.prompt_tokens, 1.0)
-    t.add_row("budget", f"B = {r.budget} tokens/layer ({share:.1%} of the prompt), window w = {r.window}, "
-                        f"decode policy {r.decode_policy}")
+    policy = f", decode policy {r.decode_policy}" if isinstance(r, RunResult) else ""
+    t.add_row("budget", f"B = {r.budget} tokens/layer ({share:.1%} of the prompt), window w = {r.window}{policy}")
     t.add_row("taus", f"tau1 = {r.tau1:.3g}, tau2 = {r.tau2:.3g} ({r.tau_rule}); gamma = {r.gamma:g}")
+
+
+def _grid() -> Table:
+    t = Table(box=None, show_header=False, pad_edge=False)
+    t.add_column(style="bold cyan", no_wrap=True)
+    t.add_column()
+    return t
+
+
+def location_text(loc: Location | None) -> str:
+    """'page 3 · characters 7049-7144 of the text (50.6% deep) · similarity 93' or 'not found'."""
+    if loc is None:
+        return "not found in the document (see the warning)"
+    where = f"page {loc.page} · " if loc.page is not None else ""
+    return (f"{where}characters {loc.start}-{loc.end} ({loc.percent:.1f}% deep) · similarity {loc.similarity:.0f}"
+            f" · \"{loc.text[:60]}{'…' if len(loc.text) > 60 else ''}\"")
+
+
+def summary_table(r: RunResult) -> Table:
+    t = _grid()
+    _settings_rows(t, r)
     saved = Text(f"{r.saved_fraction:.1%} saved", style="bold green" if r.evicted else "yellow")
     t.add_row("KV cache", Text.assemble(f"{human_bytes(r.kv_bytes_full)} full → {human_bytes(r.kv_bytes_kept)} kept "
                                         f"after prefill · ", saved,
@@ -53,10 +74,12 @@ def summary_table(r: RunResult) -> Table:
                       f"(scoring + eviction {r.eviction_seconds:.3f} s) · decode {r.decode_tokens_per_second:.1f} tok/s"
                       f" over {r.decode_steps} steps")
     t.add_row("output", f"{r.generated_tokens} tokens, stopped by {r.stop_reason.replace('_', ' ')}")
+    if r.task == "needle":
+        t.add_row("location", location_text(r.location))
     return t
 
 
-def layer_table(r: RunResult) -> Table:
+def layer_table(layers: tuple[LayerResult, ...]) -> Table:
     """Per-layer dispersion, shift, preference share, budget and tokens kept, with a bar chart."""
     t = Table(box=box.SIMPLE_HEAD, title="allocation across layers", title_justify="left",
               caption="H dispersion (nats) · V shift · P preference share · B_l evictable budget · "
@@ -64,8 +87,8 @@ def layer_table(r: RunResult) -> Table:
     for name in ("layer", "H", "V", "P", "B_l", "kept"):
         t.add_column(name, justify="right", no_wrap=True)
     t.add_column("tokens kept", justify="left", style="magenta", no_wrap=True)
-    top = max((layer.kept for layer in r.layers), default=0)
-    for layer in r.layers:
+    top = max((layer.kept for layer in layers), default=0)
+    for layer in layers:
         t.add_row(str(layer.layer),
                   "–" if layer.dispersion is None else f"{layer.dispersion:.0f}",
                   "–" if layer.shift is None else f"{layer.shift:.1e}",
@@ -79,4 +102,28 @@ def render(r: RunResult, console: Console) -> None:
     """Print the full report to `console` (stderr in the CLI)."""
     console.print(Panel(summary_table(r), title=f"CAKE report · {r.task}", title_align="left",
                         border_style="cyan"))
-    console.print(layer_table(r))
+    console.print(layer_table(r.layers))
+
+
+def inspect_summary(r: InspectResult) -> Table:
+    """The inspector's settings, the budget check and memory after prefill."""
+    t = _grid()
+    t.add_row("document", f"{r.document} (prompt of the {r.template} template)")
+    _settings_rows(t, r)
+    if r.evicted:
+        t.add_row("budgets", f"sum of B_l = {r.budget_sum} of (B - w)·L = {r.evictable_total} "
+                             f"({r.evictable_total - r.budget_sum} lost to integer rounding, at most L = {len(r.layers)})")
+    else:
+        t.add_row("budgets", Text("the prompt fits the budget: nothing evicted, every layer keeps all tokens",
+                                  style="yellow"))
+    t.add_row("KV cache", f"{human_bytes(r.kv_bytes_full)} full → {human_bytes(r.kv_bytes_kept)} kept after prefill "
+                          f"({r.saved_fraction:.1%} saved) · peak during prefill {human_bytes(r.kv_peak_prefill)}")
+    t.add_row("time", f"load {r.load_seconds:.1f} s · prefill {r.prefill_seconds:.2f} s "
+                      f"(scoring + eviction {r.eviction_seconds:.3f} s)")
+    return t
+
+
+def render_inspect(r: InspectResult, console: Console) -> None:
+    """Print the layer inspector's view (stdout in the CLI: it is the command's answer)."""
+    console.print(Panel(inspect_summary(r), title="CAKE layer inspector", title_align="left", border_style="cyan"))
+    console.print(layer_table(r.layers))

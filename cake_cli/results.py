@@ -21,6 +21,21 @@ class LayerResult:
 
 
 @dataclass(frozen=True)
+class Location:
+    """Where an answer's passage is in the document (needle search, `cake_cli.locate`).
+
+    Offsets are Python str indices (code points) into the loaded document text.
+    """
+
+    start: int  # first character of the matching passage
+    end: int  # one past its last character
+    percent: float  # depth: start / len(text) · 100
+    page: int | None  # 1-based PDF page of `start`; None for text
+    similarity: float  # rapidfuzz partial-ratio of the answer to the passage, 0-100
+    text: str  # the passage as it is in the document
+
+
+@dataclass(frozen=True)
 class RunResult:
     """Everything a task run produced and measured. Bytes from the cache tensors, times in seconds."""
 
@@ -54,6 +69,8 @@ class RunResult:
     eviction_seconds: float
     stop_reason: str
     warnings: tuple[str, ...] = ()
+    location: Location | None = None  # needle search: where the quoted passage is (None: not found / n.a.)
+    raw_answer: str | None = None  # code completion: the generated text before code-only cleaning
 
     @property
     def saved_fraction(self) -> float:
@@ -69,6 +86,7 @@ class RunResult:
         data = asdict(self)
         data["layers"] = [asdict(layer) for layer in self.layers]
         data["warnings"] = list(self.warnings)
+        data["location"] = asdict(self.location) if self.location else None
         data["saved_fraction"] = self.saved_fraction
         data["decode_tokens_per_second"] = self.decode_tokens_per_second
         data["cake_cli_version"] = __version__
@@ -84,3 +102,63 @@ def preference_shares(log_prefs: list[float | None]) -> list[float | None]:
     weights = [None if x is None else (0.0 if x == float("-inf") else math.exp(x - top)) for x in log_prefs]
     total = sum(w for w in weights if w is not None)
     return [None if w is None else w / total for w in weights]
+
+
+def layer_results(rows) -> tuple[LayerResult, ...]:
+    """LayerResults from the engine's per-layer rows (`engine.generate.LayerRow`: layer, stats,
+    budget, kept); preference shares are P_l / sum P from the stored log P."""
+    shares = preference_shares([row.stats.log_preference if row.stats else None for row in rows])
+    return tuple(LayerResult(row.layer, row.stats.dispersion if row.stats else None,
+                             row.stats.shift if row.stats else None, share, row.budget, row.kept)
+                 for row, share in zip(rows, shares))
+
+
+@dataclass(frozen=True)
+class InspectResult:
+    """A prefill-only look at how CAKE scores and budgets each layer (`cake inspect-layers`)."""
+
+    document: str  # the path as given, "<stdin>", or the packaged sample's path
+    template: str  # the task template whose prompt was prefilled
+    model: str
+    device: str
+    dtype: str
+    attention: str
+    prompt_tokens: int
+    document_tokens: int
+    original_document_tokens: int
+    budget: int  # B, tokens per layer on average incl. window
+    window: int
+    tau1: float
+    tau2: float
+    tau_rule: str
+    gamma: float
+    evicted: bool  # False when the prompt fits the budget (no layer is cut)
+    evictable_total: int  # (B - w) · L: what the budgets B_l share
+    layers: tuple[LayerResult, ...]
+    kv_bytes_full: int
+    kv_bytes_kept: int
+    kv_peak_prefill: int
+    load_seconds: float
+    prefill_seconds: float
+    eviction_seconds: float
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def budget_sum(self) -> int | None:
+        """sum of B_l (evictable tokens kept over all layers); None when nothing was evicted."""
+        return sum(layer.budget for layer in self.layers) if self.evicted else None
+
+    @property
+    def saved_fraction(self) -> float:
+        """1 - kept / full KV bytes after prefill."""
+        return 1.0 - self.kv_bytes_kept / self.kv_bytes_full if self.kv_bytes_full else 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: every field plus budget_sum, saved_fraction and the cake-cli version."""
+        data = asdict(self)
+        data["layers"] = [asdict(layer) for layer in self.layers]
+        data["warnings"] = list(self.warnings)
+        data["budget_sum"] = self.budget_sum
+        data["saved_fraction"] = self.saved_fraction
+        data["cake_cli_version"] = __version__
+        return data

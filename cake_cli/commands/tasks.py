@@ -1,4 +1,5 @@
-"""Task commands: summarize (and the other long-document tasks)."""
+"""Task commands: summarize, qa, needle, complete. Each is its option list plus one call to
+`run_command`; the option names and help texts live once in `cake_cli.options`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import sys
 
 from cake_cli import options as o
 from cake_cli.app import StderrProgress, app, handled
+from cake_cli.code import DEFAULT_LINES
 from cake_cli.errors import CakeError
+
+DEFAULT_BUDGET = 1024  # tokens per layer, window included
+# The options every task command declares (its parameter names), handed to `task_request`.
+SHARED_OPTIONS = ("model", "budget", "window", "decode_policy", "dtype", "attention", "device_map", "max_new_tokens",
+                  "temperature", "top_p", "seed", "no_repeat_ngram", "truncate", "password")
 
 
 def resolve_document(document: str | None) -> str:
@@ -26,27 +33,42 @@ def run_and_report(request, as_json: bool, quiet: bool) -> None:
     from cake_cli.runner import Callbacks, run_task
 
     progress = StderrProgress(quiet or as_json)
+    open_line = [False]  # answer text streamed to stdout since the last newline
 
     def on_text(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
+        open_line[0] = True
+
+    def end_line() -> None:  # so a terminal shows the answer and what follows on separate lines
+        if open_line[0]:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            open_line[0] = False
+
+    def on_warning(message: str) -> None:
+        end_line()
+        progress.warning(message)
 
     callbacks = Callbacks(on_text=None if as_json else on_text, on_status=progress.status,
-                          on_layer=progress.layer, on_warning=progress.warning)
+                          on_layer=progress.layer, on_warning=on_warning)
     result = run_task(request, callbacks)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
         return
-    sys.stdout.write("\n")
-    sys.stdout.flush()
+    end_line()
     if not quiet:
         render(result, progress.console)
 
 
 def task_request(task: str, document: str | None, fields: dict[str, str], *, model, budget, window, decode_policy,
                  dtype, attention, device_map, max_new_tokens, temperature, top_p, seed, truncate, password,
-                 no_repeat_ngram=None):
-    """Build a TaskRequest from the shared options."""
+                 no_repeat_ngram=None, at_line=None, max_lines=None):
+    """Build a TaskRequest from the shared options (and the code-completion ones).
+
+    Raises:
+        UsageError: sampling or length options out of range.
+    """
     from cake_cli.engine.sampling import SamplingConfig
     from cake_cli.errors import UsageError
     from cake_cli.runner import TaskRequest
@@ -61,20 +83,68 @@ def task_request(task: str, document: str | None, fields: dict[str, str], *, mod
                        window=window, decode_policy=decode_policy, dtype=dtype, attention=attention,
                        device_map=device_map, max_new_tokens=max_new_tokens,
                        sampling=SamplingConfig(temperature, top_p, seed), truncate=truncate, password=password,
-                       no_repeat_ngram_size=no_repeat_ngram)
+                       no_repeat_ngram_size=no_repeat_ngram, at_line=at_line, max_lines=max_lines)
+
+
+def run_command(task: str, document: str | None, fields: dict[str, str], params: dict, **extra) -> None:
+    """The body of every task command: build the request, run it, report; known errors become one
+    line on stderr and an exit code (1 runtime/input, 2 usage).
+
+    Args:
+        task: template name.
+        document: the document argument (None: stdin when piped).
+        fields: template fields, e.g. {"question": ...}.
+        params: the command's parameters (its `locals()`); the SHARED_OPTIONS, `json_out` and
+            `quiet` are read from it.
+        extra: task-specific TaskRequest settings (at_line, max_lines).
+    """
+    with handled():
+        request = task_request(task, document, fields, **{name: params[name] for name in SHARED_OPTIONS}, **extra)
+        run_and_report(request, params["json_out"], params["quiet"])
 
 
 @app.command()
-def summarize(document: o.Document = None, model: o.Model = None, budget: o.Budget = 1024,
+def summarize(document: o.Document = None, model: o.Model = None, budget: o.Budget = DEFAULT_BUDGET,
               window: o.Window = None, decode_policy: o.DecodePolicy = "fixed", dtype: o.Dtype = "auto",
               attention: o.Attention = "auto", device_map: o.DeviceMap = None,
               max_new_tokens: o.MaxNewTokens = None, temperature: o.Temperature = 0.0, top_p: o.TopP = 1.0,
-              seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle", password: o.Password = None,
-              json_out: o.Json = False, quiet: o.Quiet = False) -> None:
+              seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle",
+              password: o.Password = None, json_out: o.Json = False, quiet: o.Quiet = False) -> None:
     """Summarize a long document under a KV-cache budget; the summary streams to stdout, the report to stderr."""
-    with handled():
-        request = task_request("summarize", document, {}, model=model, budget=budget, window=window,
-                               decode_policy=decode_policy, dtype=dtype, attention=attention, device_map=device_map,
-                               max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                               truncate=truncate, password=password, no_repeat_ngram=no_repeat_ngram)
-        run_and_report(request, json_out, quiet)
+    run_command("summarize", document, {}, locals())
+
+
+@app.command()
+def qa(document: o.RequiredDocument, question: o.Question, model: o.Model = None, budget: o.Budget = DEFAULT_BUDGET,
+       window: o.Window = None, decode_policy: o.DecodePolicy = "fixed", dtype: o.Dtype = "auto",
+       attention: o.Attention = "auto", device_map: o.DeviceMap = None,
+       max_new_tokens: o.MaxNewTokens = None, temperature: o.Temperature = 0.0, top_p: o.TopP = 1.0,
+       seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle",
+       password: o.Password = None, json_out: o.Json = False, quiet: o.Quiet = False) -> None:
+    """Answer a question about a long document. The question ends the prompt, so CAKE keeps what it needs;
+    only the document is ever truncated."""
+    run_command("qa", document, {"question": question}, locals())
+
+
+@app.command()
+def needle(document: o.RequiredDocument, query: o.Query, model: o.Model = None, budget: o.Budget = DEFAULT_BUDGET,
+           window: o.Window = None, decode_policy: o.DecodePolicy = "fixed", dtype: o.Dtype = "auto",
+           attention: o.Attention = "auto", device_map: o.DeviceMap = None,
+           max_new_tokens: o.MaxNewTokens = None, temperature: o.Temperature = 0.0, top_p: o.TopP = 1.0,
+           seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle",
+           password: o.Password = None, json_out: o.Json = False, quiet: o.Quiet = False) -> None:
+    """Find and quote the passage that answers QUERY; the report (stderr) and --json say where it is
+    (PDF page, character offset and depth), when the quote matches the document closely."""
+    run_command("needle", document, {"query": query}, locals())
+
+
+@app.command()
+def complete(file: o.SourceFile = None, at: o.AtLine = None, lines: o.Lines = DEFAULT_LINES, model: o.Model = None,
+             budget: o.Budget = DEFAULT_BUDGET, window: o.Window = None, decode_policy: o.DecodePolicy = "fixed",
+             dtype: o.Dtype = "auto", attention: o.Attention = "auto", device_map: o.DeviceMap = None,
+             max_new_tokens: o.MaxNewTokens = None, temperature: o.Temperature = 0.0, top_p: o.TopP = 1.0,
+             seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle",
+             password: o.Password = None, json_out: o.Json = False, quiet: o.Quiet = False) -> None:
+    """Continue a source file (LongBench-style code completion): prints the next lines of code only, no prose.
+    With --at LINE the context is the file before LINE."""
+    run_command("complete", file, {}, locals(), at_line=at, max_lines=lines)

@@ -1,0 +1,284 @@
+"""`cake bench quality`: answer quality of every method x budget x context length (NeedleBench + QA).
+
+One prefill per (case, length) is recorded (`engine.replay.record`); every (method, budget) then
+replays its eviction on that recording and decodes the short answer greedily (`engine.replay`,
+tested equal to a live prefill). Results are rows keyed by (task, case id, length, method,
+budget), saved after every case so an interrupted run resumes where it stopped.
+
+Methods are named pairings of an allocation and an indicator (`engine.methods.METHODS`), or any
+pairing written `allocation+indicator` (paper Sec. 5.5), e.g. `cake+snapkv` = CAKE's budgets with
+SnapKV's indicator. `full` (no eviction) is run once per case and shown at every budget.
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from cake_cli.bench.datasets import check_split
+from cake_cli.bench.needles import NEEDLE_TASKS, Case, case_id
+from cake_cli.bench.scoring import score_answer
+from cake_cli.errors import UsageError
+
+TASKS = (*NEEDLE_TASKS, "qa")
+TEMPLATES = {"s-rt": "bench_needle", "m-rs": "bench_needle", "m-rt": "bench_multi_needle", "qa": "bench_qa"}
+PROMPT_SLACK = 16  # tokens kept free for re-tokenisation where document and template meet
+
+
+@dataclass(frozen=True)
+class Suite:
+    """Which cases to run: every task x length x depth x repeat of one split."""
+
+    tasks: tuple[str, ...]
+    lengths: tuple[int, ...]  # nominal prompt lengths, tokens (clamped to the model's limit)
+    depths: tuple[float, ...]  # fractions of the document
+    repeats: int  # cases per (task, depth), each with other facts / QA item and haystack offset
+    split: str = "eval"
+
+    def specs(self) -> list[tuple[str, int, float, int]]:
+        """(task, index, depth, length) of every case; `index` numbers the cases of a task."""
+        check_split(self.split)
+        out = []
+        for task in self.tasks:
+            for d_idx, depth in enumerate(self.depths):
+                for r in range(self.repeats):
+                    index = d_idx * self.repeats + r
+                    out.extend((task, index, depth, length) for length in self.lengths)
+        return out
+
+
+EVAL_SUITE = Suite(TASKS, (2048, 4096, 8192), (0.1, 0.5, 0.9), 2, "eval")
+QUICK_SUITE = Suite(TASKS, (2048,), (0.25, 0.75), 1, "eval")
+TUNE_SUITE = Suite(TASKS, (4096, 8192), (0.2, 0.5, 0.8), 1, "tune")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A method to benchmark: a named method, or an allocation+indicator pairing, optional taus.
+
+    `allocation` is None for "full" (no eviction).
+    """
+
+    name: str
+    allocation: str | None
+    indicator: str | None
+    taus: tuple[float, float] | None = None  # override the profile's (tau1, tau2)
+
+    def config(self, base):
+        """`base` (a CakeConfig for one budget) switched to this variant; None for "full"."""
+        if self.allocation is None:
+            return None
+        config = replace(base, allocation=self.allocation, indicator=self.indicator)
+        return replace(config, tau1=self.taus[0], tau2=self.taus[1]) if self.taus else config
+
+
+def _did_you_mean(name: str, valid: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(valid), n=2, cutoff=0.5)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
+    """Variants from `--methods a,b` (METHODS names) and `--pairings alloc+ind,...`.
+
+    Raises:
+        UsageError: an unknown name (with "did you mean" and the valid names), or no method.
+    """
+    from cake_cli.engine.config import ALLOCATIONS, INDICATORS
+    from cake_cli.engine.methods import METHODS
+
+    out: list[Variant] = []
+    for name in (m.strip() for m in methods.split(",")):
+        if not name:
+            continue
+        if name not in METHODS:
+            raise UsageError(f"unknown method '{name}'{_did_you_mean(name, METHODS)}",
+                             f"choose from {', '.join(METHODS)}; pairings go in --pairings")
+        pair = METHODS[name]
+        out.append(Variant(name, *(pair or (None, None))))
+    for name in (p.strip() for p in pairings.split(",")):
+        if not name:
+            continue
+        alloc, _, ind = name.partition("+")
+        if alloc not in ALLOCATIONS or ind not in INDICATORS:
+            raise UsageError(f"unknown pairing '{name}'",
+                             f"write allocation+indicator with allocation in {', '.join(ALLOCATIONS)} and "
+                             f"indicator in {', '.join(INDICATORS)}, e.g. cake+snapkv")
+        out.append(Variant(name, alloc, ind))
+    if not out:
+        raise UsageError("no method to benchmark", "give --methods, e.g. full,snapkv,cake")
+    names = [v.name for v in out]
+    return [v for i, v in enumerate(out) if v.name not in names[:i]]  # drop repeats
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One answer: a (case, length, method, budget) cell. Times in seconds; score in [0, 1]."""
+
+    task: str
+    case_id: str
+    split: str
+    length: int  # nominal
+    method: str
+    budget: int | None  # None for "full"
+    prompt_tokens: int
+    depth: float
+    score: float
+    prediction: str
+    tau1: float | None
+    tau2: float | None
+    seconds: float  # replay + decode
+    record_seconds: float  # the shared full prefill of this case
+    source: str
+
+    @property
+    def key(self) -> tuple:
+        return result_key(self.task, self.case_id, self.length, self.method, self.budget)
+
+
+def result_key(task: str, cid: str, length: int, method: str, budget: int | None) -> tuple:
+    """The resume key of one cell."""
+    return (task, cid, int(length), method, None if budget is None else int(budget))
+
+
+@dataclass
+class Model:
+    """What the runner needs from a loaded model: weights, tokenizer, prompt limit, EOS ids."""
+
+    model: object
+    tokenizer: object
+    max_prompt_tokens: int
+    stop_ids: frozenset[int]
+
+
+def build_case(model: Model, task: str, split: str, index: int, depth: float, length: int, haystack_name: str) -> Case:
+    """Build the document and question of one case, sized to `length` tokens (clamped to the model).
+
+    Raises:
+        ValueError / CakeError: from the needle or QA builders.
+    """
+    from cake_cli.bench.datasets import haystack_text, make_qa_case, qa_item
+    from cake_cli.bench.needles import make_needle_case, needle_facts
+    from cake_cli.tasks import build_prompt, load_template
+
+    template = load_template(TEMPLATES[task])
+    target = min(length, model.max_prompt_tokens)
+
+    def overhead(question: str) -> int:
+        return len(build_prompt(model.tokenizer, template, "", max_prompt_tokens=10**9, question=question).input_ids)
+
+    if task == "qa":
+        doc_tokens = target - overhead(qa_item(split, index).question) - PROMPT_SLACK
+        return make_qa_case(split, index, depth, length, doc_tokens, tokenizer=model.tokenizer)
+    facts = needle_facts(task, split, index)
+    doc_tokens = target - overhead(facts.question) - PROMPT_SLACK
+    return make_needle_case(task, split, index, depth, length, doc_tokens, tokenizer=model.tokenizer,
+                            haystack=haystack_text(haystack_name), haystack_name=haystack_name, facts=facts)
+
+
+def prompt_ids(model: Model, case: Case) -> list[int]:
+    """The chat-rendered prompt of a case (never truncated: CakeError if it does not fit)."""
+    from cake_cli.tasks import build_prompt, load_template
+
+    template = load_template(TEMPLATES[case.task])
+    return list(build_prompt(model.tokenizer, template, case.document, max_prompt_tokens=model.max_prompt_tokens,
+                             truncate="error", question=case.question).input_ids)
+
+
+def pending_cells(suite: Suite, variants: list[Variant], budgets: list[int], done: set) -> list[tuple]:
+    """[(task, index, depth, length, [(variant, budget), ...])] still to run, in suite order."""
+    out = []
+    for task, index, depth, length in suite.specs():
+        cid = case_id(index, depth)
+        cells = [(v, b) for v in variants for b in ([None] if v.allocation is None else budgets)
+                 if result_key(task, cid, length, v.name, b) not in done]
+        if cells:
+            out.append((task, index, depth, length, cells))
+    return out
+
+
+def run_grid(model: Model, suite: Suite, variants: list[Variant], budgets: list[int],
+             config_for_budget: Callable[[int], object], *, haystack: str, done: set = frozenset(),
+             on_case: Callable[[list[CaseResult]], None] | None = None,
+             on_step: Callable[[str], None] | None = None) -> list[CaseResult]:
+    """Run every pending cell of the grid; one recorded prefill per (case, length).
+
+    Args:
+        model: weights switched to a CAKE attention function, tokenizer, limits.
+        suite: the cases; variants: the methods; budgets: B values, tokens per layer.
+        config_for_budget: CakeConfig (profile taus, window, gamma, pooling) for a budget.
+        haystack: haystack source name (`datasets.HAYSTACKS`).
+        done: keys (`result_key`) already in the results file: skipped.
+        on_case: called with the new rows of each case as soon as it finishes (save them).
+        on_step: called with a label before the recording and before each replay (progress).
+
+    Returns:
+        The new rows, in run order.
+    """
+    import torch
+
+    from cake_cli.engine.generate import decode
+    from cake_cli.engine.replay import record, replay
+
+    if not budgets:
+        raise ValueError("run_grid needs at least one budget")
+    configs = {b: config_for_budget(b) for b in budgets}
+    window = configs[budgets[0]].window
+    device = model.model.get_input_embeddings().weight.device
+    rows: list[CaseResult] = []
+    for task, index, depth, length, cells in pending_cells(suite, variants, budgets, done):
+        case = build_case(model, task, suite.split, index, depth, length, haystack)
+        ids_list = prompt_ids(model, case)
+        ids = torch.tensor([ids_list], device=device)
+        if on_step:
+            on_step(f"{task} {case.case_id} @ {length}: prefill {len(ids_list)} tokens")
+        rec = record(model.model, ids, window)
+        new_tokens = _max_new_tokens(task)
+        case_rows, answers = [], {}
+        for variant, budget in cells:
+            if on_step:
+                on_step(f"{task} {case.case_id} @ {length}: {variant.name} B={budget or '-'}")
+            config = variant.config(configs[budget]) if budget is not None else None
+            start = time.perf_counter()
+            state = replay(rec, config)
+            same = _kept_key(state, config)
+            if same not in answers:  # identical kept tokens and decode settings -> identical answer
+                out = decode(model.model, ids, state, config, max_new_tokens=new_tokens, stop_ids=model.stop_ids)
+                answers[same] = model.tokenizer.decode(list(out.token_ids), skip_special_tokens=True).strip()
+            text = answers[same]
+            case_rows.append(CaseResult(
+                task=task, case_id=case.case_id, split=case.split, length=length, method=variant.name,
+                budget=budget, prompt_tokens=len(ids_list), depth=depth,
+                score=round(score_answer(task, text, case.references, case.keywords), 6), prediction=text,
+                tau1=config.tau1 if config is not None and config.allocation == "cake" else None,
+                tau2=config.tau2 if config is not None and config.allocation == "cake" else None,
+                seconds=round(time.perf_counter() - start, 3), record_seconds=round(rec.seconds, 3),
+                source=case.source))
+        del rec
+        rows.extend(case_rows)
+        if on_case:
+            on_case(case_rows)
+    return rows
+
+
+def _kept_key(state, config) -> tuple:
+    """What determines a greedy answer after prefill: the tokens each layer kept (positions of
+    every KV head) and the settings the decode policy reads (indicator, pooling, gamma, window,
+    and the budget, which sets the decode capacity when nothing was evicted)."""
+    kept = tuple(hash(layer.positions.cpu().numpy().tobytes()) for layer in state.cache.layers)
+    settings = None if config is None else (config.indicator, config.gamma, config.pool_kind, config.pool_kernel,
+                                            config.window, config.decode_policy, config.budget)
+    return settings, tuple(state.lengths), kept
+
+
+def _max_new_tokens(task: str) -> int:
+    from cake_cli.tasks import load_template
+
+    return load_template(TEMPLATES[task]).max_new_tokens
+
+
+def count_steps(suite: Suite, variants: list[Variant], budgets: list[int], done: set) -> tuple[int, int]:
+    """(prefills, replays) still to run: for the progress bar and its ETA."""
+    pending = pending_cells(suite, variants, budgets, done)
+    return len(pending), sum(len(cells) for *_, cells in pending)

@@ -1,0 +1,244 @@
+"""Results of `cake bench quality`: the resumable JSON file, averages, tables, markdown and plot.
+
+Averages: a task's score at (method, budget) is the plain mean over its cases and lengths
+(each case counts once per length); the overall score is the weighted mean of the task scores
+(`scoring.TASK_WEIGHTS`: S-RT 0.3, M-RT 0.225, M-RS 0.225, QA 0.25, i.e. NeedleBench's
+0.4/0.3/0.3 for the needle tasks scaled to 3/4, plus 1/4 for QA), renormalised over the tasks
+present. "full" (no eviction) has no budget; it is shown at every budget. Scores are reported
+x 100.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from cake_cli.bench.scoring import TASK_WEIGHTS, weighted_overall
+from cake_cli.errors import CakeError, UsageError
+
+FORMAT = "cake-bench-quality"
+FORMAT_VERSION = 1
+META_MUST_MATCH = ("model", "split", "haystack", "window")  # a resumed file must agree on these
+TASK_TITLES = {"s-rt": "single-needle retrieval (S-RT)", "m-rt": "multi-needle retrieval (M-RT)",
+               "m-rs": "multi-needle reasoning (M-RS)", "qa": "QA, SQuAD + HotpotQA (F1)", "overall": "overall"}
+
+
+def load_results(path: Path) -> tuple[dict, list[dict]]:
+    """(meta, rows) of a results file; ({}, []) when it does not exist.
+
+    Raises:
+        CakeError: the file is not a results file of this format.
+    """
+    if not path.exists():
+        return {}, []
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") != FORMAT or data.get("version") != FORMAT_VERSION:
+            raise ValueError(f"not a {FORMAT} v{FORMAT_VERSION} file")
+        return dict(data["meta"]), list(data["rows"])
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
+        raise CakeError(f"cannot resume from {path} ({str(exc).splitlines()[0]})",
+                        "give another --output, or delete the file to start over") from None
+
+
+def check_resumable(path: Path, old: dict, new: dict) -> None:
+    """Raise UsageError when a results file was made with other settings than this run's."""
+    for key in META_MUST_MATCH:
+        if old and key in old and old[key] != new.get(key):
+            raise UsageError(f"{path} was made with {key} = {old[key]!r}, this run has {new.get(key)!r}",
+                             "give another --output to start a new results file")
+
+
+def save_results(path: Path, meta: dict, rows: list[dict]) -> None:
+    """Write the results file atomically (a temporary file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "meta": meta, "rows": rows},
+                              indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def row_key(row: dict) -> tuple:
+    """The resume key of a stored row (see `quality.result_key`)."""
+    from cake_cli.bench.quality import result_key
+
+    return result_key(row["task"], row["case_id"], row["length"], row["method"], row["budget"])
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Mean scores (fractions) by task ("overall" included), method and budget, over all lengths
+    (`length` None) and per length. `cases` counts the rows behind each task cell."""
+
+    methods: tuple[str, ...]
+    budgets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    tasks: tuple[str, ...]  # tasks present, then "overall"
+    scores: dict  # (task, method, budget, length | None) -> mean score
+    cases: dict  # (task, method, budget, length | None) -> rows averaged
+
+    def get(self, task: str, method: str, budget: int, length: int | None = None) -> float | None:
+        return self.scores.get((task, method, budget, length))
+
+    def to_json(self) -> dict:
+        return {"methods": list(self.methods), "budgets": list(self.budgets), "lengths": list(self.lengths),
+                "tasks": list(self.tasks),
+                "scores": [{"task": t, "method": m, "budget": b, "length": n, "score": s,
+                            "rows": self.cases.get((t, m, b, n), 0)}
+                           for (t, m, b, n), s in sorted(self.scores.items(), key=lambda kv: str(kv[0]))]}
+
+
+def summarize(rows: list[dict], methods: list[str] | None = None, budgets: list[int] | None = None) -> Summary:
+    """Average the rows (see the module docstring); `methods` / `budgets` fix the order shown."""
+    methods = methods or list(dict.fromkeys(r["method"] for r in rows))
+    budgets = budgets or sorted({r["budget"] for r in rows if r["budget"] is not None})
+    lengths = sorted({r["length"] for r in rows})
+    tasks = [t for t in TASK_WEIGHTS if any(r["task"] == t for r in rows)]
+    acc: dict = defaultdict(list)
+    for r in rows:
+        for b in ([r["budget"]] if r["budget"] is not None else budgets):
+            for n in (None, r["length"]):
+                acc[(r["task"], r["method"], b, n)].append(r["score"])
+    scores = {k: sum(v) / len(v) for k, v in acc.items()}
+    cases = {k: len(v) for k, v in acc.items()}
+    for m in methods:
+        for b in budgets:
+            for n in (None, *lengths):
+                per_task = {t: scores[(t, m, b, n)] for t in tasks if (t, m, b, n) in scores}
+                if per_task:
+                    scores[("overall", m, b, n)] = weighted_overall(per_task)
+                    cases[("overall", m, b, n)] = sum(cases[(t, m, b, n)] for t in per_task)
+    return Summary(tuple(methods), tuple(budgets), tuple(lengths), (*tasks, "overall"), scores, cases)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def grid(summary: Summary, task: str, length: int | None = None) -> list[list[str]]:
+    """Rows [method, score at each budget] of one task (x 100, one decimal)."""
+    return [[m, *(_fmt(summary.get(task, m, b, length)) for b in summary.budgets)] for m in summary.methods]
+
+
+def _title(task: str, length: int | None) -> str:
+    where = "all lengths" if length is None else f"{length}-token contexts"
+    return f"{TASK_TITLES.get(task, task)}, {where}"
+
+
+def rich_tables(summary: Summary, title: str) -> list:
+    """[(heading, rich Table)]: overall and each task over all lengths, then overall per length."""
+    from rich.table import Table
+
+    out = []
+    views = [(t, None) for t in summary.tasks] + [("overall", n) for n in summary.lengths]
+    for task, length in views:
+        table = Table()
+        table.add_column("method")
+        for b in summary.budgets:
+            table.add_column(f"B={b}", justify="right")
+        for row in grid(summary, task, length):
+            table.add_row(*row)
+        out.append((f"{title} · {_title(task, length)} · score x 100", table))
+    return out
+
+
+def markdown(summary: Summary) -> str:
+    """The views of `rich_tables`, then each task at the longest length, as GitHub markdown
+    tables (scores x 100)."""
+    parts = []
+    views = [(t, None) for t in summary.tasks] + [("overall", n) for n in summary.lengths]
+    if summary.lengths:
+        views += [(t, summary.lengths[-1]) for t in summary.tasks if t != "overall"]
+    for task, length in views:
+        head = "| method | " + " | ".join(f"B={b}" for b in summary.budgets) + " |"
+        rule = "|---|" + "---:|" * len(summary.budgets)
+        body = ["| " + " | ".join(row) + " |" for row in grid(summary, task, length)]
+        parts.append(f"**{_title(task, length)}**\n\n" + "\n".join([head, rule, *body]))
+    return "\n\n".join(parts) + "\n"
+
+
+def target_checks(summary: Summary, method: str = "cake", length: int | None = None,
+                  at_budget: int = 256, ratio: float = 0.95) -> list[str]:
+    """Plain-language checks of the targets: `method` >= every other evicting method at every
+    budget (overall), and `method` >= ratio x full at `at_budget` on `length` (default: the
+    longest length). Each line starts with PASS or FAIL."""
+    lines = []
+    if method not in summary.methods:
+        return lines
+    others = [m for m in summary.methods if m not in (method, "full") and "+" not in m]
+    for b in summary.budgets:
+        mine = summary.get("overall", method, b)
+        worse = [f"{m} {_fmt(summary.get('overall', m, b))}" for m in others
+                 if mine is not None and summary.get("overall", m, b) is not None
+                 and summary.get("overall", m, b) > mine + 1e-12]
+        lines.append(f"{'FAIL' if worse else 'PASS'} B={b}: {method} {_fmt(mine)} >= every baseline"
+                     + (f" (beaten by {', '.join(worse)})" if worse else ""))
+    length = length if length is not None else (max(summary.lengths) if summary.lengths else None)
+    full = summary.get("overall", "full", at_budget, length)
+    mine = summary.get("overall", method, at_budget, length)
+    if full is not None and mine is not None and at_budget in summary.budgets:
+        ok = mine >= ratio * full
+        share = f"{100 * mine / full:.0f}%" if full > 0 else "n/a"
+        lines.append(f"{'PASS' if ok else 'FAIL'} B={at_budget} at {length} tokens: {method} {_fmt(mine)} vs full "
+                     f"{_fmt(full)} ({share} of full; target {ratio:.0%})")
+    return lines
+
+
+def plot(summary: Summary, path: Path, title: str) -> None:
+    """PNG: score vs budget (log2 axis), one line per method, one panel per task + overall (all
+    lengths) + overall at the longest length; full cache as a dashed line. matplotlib, Agg backend.
+
+    Raises:
+        CakeError: matplotlib is not installed (with the install command).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise CakeError("the plot needs matplotlib", "install it with `pip install matplotlib` "
+                        "(or `pip install -e '.[bench]'`), or leave out --plot") from None
+    panels = [(t, None) for t in summary.tasks]
+    if len(summary.lengths) > 1:
+        panels.append(("overall", summary.lengths[-1]))  # the longest contexts on their own
+    cols = min(3, len(panels))
+    rows_n = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.6 * rows_n), squeeze=False)
+    budgets = list(summary.budgets)
+    for ax, (task, length) in zip(axes.flat, panels):
+        for m in summary.methods:
+            ys = [summary.get(task, m, b, length) for b in budgets]
+            if all(y is None for y in ys):
+                continue
+            ys = [float("nan") if y is None else 100 * y for y in ys]
+            if m == "full":
+                ax.plot(budgets, ys, "k--", label="full cache", linewidth=1.2)
+            else:
+                ax.plot(budgets, ys, marker="o", markersize=3, label=m,
+                        linewidth=2.2 if m == "cake" else 1.2, linestyle=":" if "+" in m else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.set_title(TASK_TITLES.get(task, task) + ("" if length is None else f", {length}-token contexts"),
+                     fontsize=10)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("KV budget B (tokens per layer)")
+        ax.set_ylabel("score")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def rows_as_dicts(rows) -> list[dict]:
+    """CaseResult objects as plain dicts (the JSON row format)."""
+    return [asdict(r) for r in rows]

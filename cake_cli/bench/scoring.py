@@ -1,0 +1,124 @@
+"""Answer scores of `cake bench quality`: NeedleBench's Levenshtein rule and SQuAD's token F1.
+
+Needle tasks (S-RT, M-RT, M-RS) follow NeedleBench v1 (Li et al. 2024, arXiv 2407.11963, as
+implemented by OpenCompass's `NeedleBenchOriginEvaluator`): a prediction that contains the
+needle's keyword scores 1; otherwise it scores 0.2 x the Levenshtein similarity between the
+prediction and the reference sentence, both with all whitespace removed. Levenshtein similarity
+is `rapidfuzz.distance.Levenshtein.normalized_similarity`, i.e. 1 - distance / max(len(a), len(b))
+(unit costs; 1.0 for two empty strings). One deviation, documented: the keyword test ignores
+case (OpenCompass's single-needle rule is case-sensitive, its multi-needle rule is not).
+A multi-needle answer scores the mean of the rule over its needles.
+
+The QA task (SQuAD / HotpotQA, LongBench-like) scores the token F1 of the normalised prediction
+against each gold answer (lower case, punctuation and articles a/an/the removed, whitespace
+collapsed: the official SQuAD v1.1 `normalize_answer`), taking the best gold answer.
+
+All scores are fractions in [0, 1]; reports multiply by 100.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+
+PARTIAL_WEIGHT = 0.2  # NeedleBench: weight of the Levenshtein similarity when the keyword is missing
+
+# Weighted average over tasks (fractions summing to 1). NeedleBench's overall score weights
+# S-RT 0.4, M-RS 0.3, M-RT 0.3 (OpenCompass `needlebench` summarizer); we keep those ratios for
+# the three needle tasks and give the QA task a quarter of the total: 0.75 x (0.4, 0.3, 0.3) + 0.25.
+NEEDLE_WEIGHTS: dict[str, float] = {"s-rt": 0.4, "m-rt": 0.3, "m-rs": 0.3}
+TASK_WEIGHTS: dict[str, float] = {"s-rt": 0.3, "m-rt": 0.225, "m-rs": 0.225, "qa": 0.25}
+
+_WS = re.compile(r"\s+")
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def levenshtein_similarity(a: str, b: str) -> float:
+    """1 - Levenshtein distance / max(len(a), len(b)), in [0, 1] (1.0 when both are empty)."""
+    from rapidfuzz.distance import Levenshtein
+
+    return float(Levenshtein.normalized_similarity(a, b))
+
+
+def needle_score(prediction: str, reference: str, keyword: str) -> float:
+    """NeedleBench's score of one answer to one needle, in [0, 1].
+
+    Args:
+        prediction: the model's answer text.
+        reference: the needle sentence (what a perfect answer restates).
+        keyword: the fact the answer must contain (a code, a name).
+
+    Returns:
+        1.0 if `keyword` occurs in `prediction` (case-insensitive), else
+        0.2 x levenshtein_similarity(prediction, reference) with whitespace removed from both.
+    """
+    if keyword and keyword.lower() in prediction.lower():
+        return 1.0
+    return PARTIAL_WEIGHT * levenshtein_similarity(_WS.sub("", prediction), _WS.sub("", reference))
+
+
+def multi_needle_score(prediction: str, references: Sequence[str], keywords: Sequence[str]) -> float:
+    """Mean of `needle_score` over the needles (one reference sentence and keyword each).
+
+    Raises:
+        ValueError: no needles, or references and keywords of different lengths.
+    """
+    if not references or len(references) != len(keywords):
+        raise ValueError(f"need one keyword per reference (got {len(references)} and {len(keywords)})")
+    return sum(needle_score(prediction, r, k) for r, k in zip(references, keywords)) / len(references)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD v1.1 normalisation: lower case, drop punctuation and articles, collapse whitespace."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def f1_score(prediction: str, answer: str) -> float:
+    """Token-level F1 of the normalised prediction against one normalised answer, in [0, 1].
+
+    Two empty normalised strings score 1; one empty string scores 0.
+    """
+    pred, gold = normalize_answer(prediction).split(), normalize_answer(answer).split()
+    if not pred or not gold:
+        return float(pred == gold)
+    common = sum((Counter(pred) & Counter(gold)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def qa_f1(prediction: str, answers: Iterable[str]) -> float:
+    """Best token F1 over the gold answers (SQuAD's max over references).
+
+    Raises:
+        ValueError: no gold answer.
+    """
+    scores = [f1_score(prediction, a) for a in answers]
+    if not scores:
+        raise ValueError("a QA case needs at least one gold answer")
+    return max(scores)
+
+
+def score_answer(task: str, prediction: str, references: Sequence[str], keywords: Sequence[str]) -> float:
+    """The score of one answer by its task's rule: F1 for "qa", NeedleBench's rule otherwise."""
+    if task == "qa":
+        return qa_f1(prediction, references)
+    return multi_needle_score(prediction, references, keywords)
+
+
+def weighted_overall(task_scores: Mapping[str, float], weights: Mapping[str, float] = TASK_WEIGHTS) -> float:
+    """Weighted mean of per-task scores, the weights renormalised over the tasks present.
+
+    Raises:
+        ValueError: no task with a weight is present.
+    """
+    present = {t: w for t, w in weights.items() if t in task_scores}
+    total = sum(present.values())
+    if not present or total <= 0:
+        raise ValueError(f"no weighted task among {sorted(task_scores)}")
+    return sum(task_scores[t] * w for t, w in present.items()) / total

@@ -1,0 +1,102 @@
+"""Task templates: strict YAML, the question at the end of the QA prompt, document-only truncation."""
+
+from __future__ import annotations
+
+import pytest
+
+from cake_cli import tasks
+from cake_cli.errors import CakeError, UsageError
+from cake_cli.tasks import build_prompt, load_template
+from tests.conftest import license_text
+from tests.tiny import build_tiny_tokenizer
+
+QUESTION = "Who wrote the letter on Monday morning, and why?"
+ASSISTANT_TAIL = "<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+def decoded(tokenizer, prompt) -> str:
+    return tokenizer.decode(list(prompt.input_ids))
+
+
+def test_every_shipped_template_loads():
+    names = sorted(path.stem for path in tasks.template_dir().glob("*.yaml"))
+    assert {"summarize", "qa", "needle", "complete"} <= set(names)
+    for name in names:
+        template = load_template(name)
+        assert template.task == name and template.max_new_tokens > 0
+
+
+def test_template_flags():
+    assert load_template("qa").fields == ("question",)
+    assert load_template("needle").fields == ("query",) and load_template("needle").locate
+    complete = load_template("complete")
+    assert not complete.chat and complete.output == "code" and complete.fields == ()
+    assert load_template("summarize").chat and load_template("summarize").output == "text"
+
+
+@pytest.mark.parametrize("body, words", [
+    ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\ncolour: red\n", "unknown or missing keys"),
+    ("version: 2\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\n", "version 2"),
+    ("version: 1\ntask: t\nuser: 'no document here'\nmax_new_tokens: 5\n", "must use {document}"),
+    ("version: 1\ntask: t\nuser: '{document} {question}'\nmax_new_tokens: 5\n", "declared fields"),
+    ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\noutput: html\n", "'output'"),
+    ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\nchat: maybe\n", "'chat'"),
+    ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\nfields: question\n", "'fields'"),
+])
+def test_bad_templates_are_one_line_errors(tmp_path, monkeypatch, body, words):
+    (tmp_path / "t.yaml").write_text(body)
+    monkeypatch.setattr(tasks, "template_dir", lambda: tmp_path)
+    with pytest.raises(CakeError) as err:
+        load_template("t")
+    assert words in err.value.one_line() and "\n" not in err.value.one_line()
+
+
+def test_qa_question_ends_the_prompt(tokenizer):
+    prompt = build_prompt(tokenizer, load_template("qa"), "A short document.", max_prompt_tokens=1000,
+                          question=QUESTION)
+    assert decoded(tokenizer, prompt).endswith(f"Question: {QUESTION}{ASSISTANT_TAIL}")
+    assert not prompt.truncated and prompt.warnings == ()
+
+
+def test_qa_truncates_only_the_document(tokenizer):
+    document = license_text()
+    prompt = build_prompt(tokenizer, load_template("qa"), document, max_prompt_tokens=400, question=QUESTION)
+    text = decoded(tokenizer, prompt)
+    assert len(prompt.input_ids) <= 400
+    assert prompt.truncated and prompt.document_tokens < prompt.original_document_tokens
+    assert "truncated in the middle" in prompt.warnings[0]
+    assert text.endswith(f"Question: {QUESTION}{ASSISTANT_TAIL}"), "the question survives whole, at the end"
+    assert " … " in text  # the document's middle was cut
+    head = document[:40]
+    assert head in text and document.strip()[-40:] in text, "the document's head and tail are kept"
+
+
+def test_qa_truncate_error_refuses(tokenizer):
+    with pytest.raises(CakeError) as err:
+        build_prompt(tokenizer, load_template("qa"), license_text(), max_prompt_tokens=400, truncate="error",
+                     question=QUESTION)
+    assert err.value.exit_code == 1 and "--truncate middle" in err.value.one_line()
+
+
+def test_qa_question_too_long_to_fit(tokenizer):
+    with pytest.raises(CakeError) as err:
+        build_prompt(tokenizer, load_template("qa"), "doc", max_prompt_tokens=100, question=QUESTION * 40)
+    assert "shorten the question" in err.value.one_line()
+
+
+def test_missing_field_is_a_usage_error(tokenizer):
+    with pytest.raises(UsageError):
+        build_prompt(tokenizer, load_template("qa"), "doc", max_prompt_tokens=1000)
+    with pytest.raises(UsageError):
+        build_prompt(tokenizer, load_template("needle"), "doc", max_prompt_tokens=1000, query="  ")
+
+
+def test_complete_prompt_is_raw_and_ends_in_the_code(tokenizer):
+    code = "def f(x):\n    return x + 1\n\nprint(f(2))"
+    text = decoded(tokenizer, build_prompt(tokenizer, load_template("complete"), code, max_prompt_tokens=1000))
+    assert text == "Please complete the code given below.\n" + code  # no chat markers, no final newline

@@ -58,3 +58,15 @@ Password = Annotated[Optional[str], typer.Option(
 Json = Annotated[bool, typer.Option(
     "--json", help="Print one JSON object to stdout instead (for tasks: the answer and the report).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No report or progress on stderr (warnings still).")]
+Method = Annotated[str, typer.Option(
+    "--method", help="KV eviction method: cake (default), snapkv, pyramidkv, h2o, tova, streamingllm, or full "
+                     "(no eviction). A method pairs an allocation with an indicator.")]
+Allocation = Annotated[Optional[str], typer.Option(
+    "--allocation", show_default=False, help="Override the method's budget allocation across layers: "
+                                             "cake, uniform or pyramid.")]
+Indicator = Annotated[Optional[str], typer.Option(
+    "--indicator", show_default=False, help="Override the method's token indicator: cake, snapkv, h2o, tova or "
+                                            "streaming.")]
+Output = Annotated[Optional[str], typer.Option(
+    "--output", "-o", show_default=False, help="Also write the answer (or the JSON with --json) to FILE, atomically: "
+                                               "an interrupted run never leaves a partial file.")]

@@ -41,7 +41,8 @@ def _settings_rows(t: Table, r: RunResult | InspectResult) -> None:
         doc += f" (middle-truncated from {r.original_document_tokens})"
     t.add_row("prompt", f"{r.prompt_tokens} tokens ({doc})")
     share = min(r.budget / r.prompt_tokens, 1.0)
-    policy = f", decode policy {r.decode_policy}" if isinstance(r, RunResult) else ""
+    policy = (f", decode policy {r.decode_policy}, method {r.method} ({r.allocation} allocation + "
+              f"{r.indicator} indicator)") if isinstance(r, RunResult) else ""
     t.add_row("budget", f"B = {r.budget} tokens/layer ({share:.1%} of the prompt), window w = {r.window}{policy}")
     t.add_row("taus", f"tau1 = {r.tau1:.3g}, tau2 = {r.tau2:.3g} ({r.tau_rule}); gamma = {r.gamma:g}")
 

@@ -55,6 +55,9 @@ class RunResult:
     tau_rule: str
     gamma: float
     decode_policy: str
+    method: str
+    allocation: str
+    indicator: str
     evicted: bool
     layers: tuple[LayerResult, ...]
     kv_bytes_full: int

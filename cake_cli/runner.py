@@ -39,6 +39,9 @@ class TaskRequest:
     no_repeat_ngram_size: int | None = None  # None: the template's default
     truncate: str = "middle"
     password: str | None = None
+    method: str = "cake"  # an engine.methods.METHODS name; "full" evicts nothing
+    allocation: str | None = None  # override the method's allocation (paper Sec. 5.5)
+    indicator: str | None = None  # override the method's indicator
     at_line: int | None = None  # code completion: the context is the document up to this 1-based line
     max_lines: int | None = None  # code answers: most lines kept (None: code.DEFAULT_LINES)
 
@@ -118,6 +121,12 @@ def cake_config_for(profile, request: TaskRequest):
     config = CakeConfig(budget=request.budget, window=request.window if request.window is not None else window,
                         tau1=tau1, tau2=tau2, gamma=gamma, pool_kind=pool[0], pool_kernel=pool[1],
                         decode_policy=request.decode_policy)
+    from cake_cli.engine.methods import METHODS
+
+    if request.method not in METHODS:
+        raise UsageError(f"unknown method '{request.method}'", f"choose one of {', '.join(METHODS)}")
+    pair = METHODS[request.method] or (config.allocation, config.indicator)
+    config = replace(config, allocation=request.allocation or pair[0], indicator=request.indicator or pair[1])
     return config, rule
 
 
@@ -169,7 +178,9 @@ def prepare(request: TaskRequest, cb: Callbacks) -> Prepared:
                           truncate=request.truncate, **request.fields)
     for message in prompt.warnings:
         _warn(cb, warnings, message)
-    if len(prompt.input_ids) <= config.budget:
+    if request.method == "full":  # the full cache: a budget that evicts nothing, growing while decoding
+        config = replace(config, budget=max(config.budget, len(prompt.input_ids)), decode_policy="grow")
+    elif len(prompt.input_ids) <= config.budget:
         _warn(cb, warnings, f"the budget ({config.budget}) is not smaller than the prompt ({len(prompt.input_ids)} "
               "tokens): nothing is evicted (0% saved), output equals the full cache")
     return Prepared(template, doc, loaded, backend, config, tau_rule, prompt, max_new, warnings)
@@ -206,9 +217,18 @@ def run_task(request: TaskRequest, callbacks: Callbacks | None = None) -> RunRes
     if cb.on_status:
         cb.on_status(f"prefill: {len(prep.prompt.input_ids)} tokens through {loaded.model.config.num_hidden_layers} "
                      "layers")
-    result = generate(loaded.model, input_ids, config, max_new_tokens=prep.max_new_tokens, sampling=sampling,
-                      stop_ids=stop_token_ids(loaded), on_layer=cb.on_layer,
-                      on_token=(lambda t: streamer.put(torch.tensor([t]))) if streamer else None)
+    from cake_cli.engine.cache import NonFiniteError
+
+    try:
+        result = generate(loaded.model, input_ids, config, max_new_tokens=prep.max_new_tokens, sampling=sampling,
+                          stop_ids=stop_token_ids(loaded), on_layer=cb.on_layer,
+                          on_token=(lambda t: streamer.put(torch.tensor([t]))) if streamer else None)
+    except NonFiniteError as exc:
+        raise CakeError(f"{exc} with --dtype {prep.loaded.dtype}".replace("torch.", ""),
+                        "use --dtype bfloat16 or float32") from None
+    if result.stop_reason == "max_positions":
+        _warn(cb, warnings, f"generation stopped at the model's {loaded.model.config.max_position_embeddings}-position "
+              "limit; use a shorter document or fewer --max-new-tokens")
     if streamer:
         streamer.end()
     text = loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
@@ -229,6 +249,7 @@ def run_task(request: TaskRequest, callbacks: Callbacks | None = None) -> RunRes
         document_tokens=prep.prompt.document_tokens, original_document_tokens=prep.prompt.original_document_tokens,
         budget=config.budget, window=config.window, tau1=config.tau1, tau2=config.tau2, tau_rule=prep.tau_rule,
         gamma=config.gamma, decode_policy=config.decode_policy, evicted=result.evicted,
+        method=request.method, allocation=config.allocation, indicator=config.indicator,
         layers=layer_results(result.layers),
         kv_bytes_full=result.kv_bytes_full, kv_bytes_kept=result.kv_bytes_kept,
         kv_bytes_final=result.kv_bytes_final, kv_peak_prefill=result.kv_peak_prefill,

@@ -43,7 +43,7 @@ def machine() -> str:
 
 @bench_app.command("speed")
 def speed(model: o.Model = None, budget: o.Budget = 256, window: o.Window = None,
-          lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens, comma-separated.")] = "1024,2048,4096,8000",
+          lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens, comma-separated.")] = "1024,2048,4096,7600",
           methods: Annotated[str, typer.Option(help="Comma-separated: full, snapkv, pyramidkv, cake, cake-grow.")]
           = "full,snapkv,pyramidkv,cake,cake-grow",
           new_tokens: Annotated[int, typer.Option(help="Tokens generated per run.")] = 32,

@@ -10,11 +10,13 @@ from cake_cli import options as o
 from cake_cli.app import StderrProgress, app, handled
 from cake_cli.code import DEFAULT_LINES
 from cake_cli.errors import CakeError
+from cake_cli.output import check_writable, write_atomic
 
 DEFAULT_BUDGET = 1024  # tokens per layer, window included
 # The options every task command declares (its parameter names), handed to `task_request`.
 SHARED_OPTIONS = ("model", "budget", "window", "decode_policy", "dtype", "attention", "device_map", "max_new_tokens",
-                  "temperature", "top_p", "seed", "no_repeat_ngram", "truncate", "password")
+                  "temperature", "top_p", "seed", "no_repeat_ngram", "truncate", "password", "method", "allocation",
+                  "indicator")
 
 
 def resolve_document(document: str | None) -> str:
@@ -27,8 +29,9 @@ def resolve_document(document: str | None) -> str:
                     exit_code=2)
 
 
-def run_and_report(request, as_json: bool, quiet: bool) -> None:
-    """Run a task, stream its answer to stdout (or print JSON), and print the report on stderr."""
+def run_and_report(request, as_json: bool, quiet: bool, output=None) -> None:
+    """Run a task, stream its answer to stdout (or print JSON), and print the report on stderr;
+    with `output`, also write the answer (or the JSON) to that file atomically once it is complete."""
     from cake_cli.report import render
     from cake_cli.runner import Callbacks, run_task
 
@@ -54,16 +57,22 @@ def run_and_report(request, as_json: bool, quiet: bool) -> None:
                           on_layer=progress.layer, on_warning=on_warning)
     result = run_task(request, callbacks)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+        text = json.dumps(result.to_dict(), indent=2) + "\n"
+        sys.stdout.write(text)
+    else:
+        end_line()
+        text = result.answer + "\n"
+    if output is not None:
+        write_atomic(output, text)
+    if as_json:
         return
-    end_line()
     if not quiet:
         render(result, progress.console)
 
 
 def task_request(task: str, document: str | None, fields: dict[str, str], *, model, budget, window, decode_policy,
                  dtype, attention, device_map, max_new_tokens, temperature, top_p, seed, truncate, password,
-                 no_repeat_ngram=None, at_line=None, max_lines=None):
+                 no_repeat_ngram=None, method="cake", allocation=None, indicator=None, at_line=None, max_lines=None):
     """Build a TaskRequest from the shared options (and the code-completion ones).
 
     Raises:
@@ -83,7 +92,8 @@ def task_request(task: str, document: str | None, fields: dict[str, str], *, mod
                        window=window, decode_policy=decode_policy, dtype=dtype, attention=attention,
                        device_map=device_map, max_new_tokens=max_new_tokens,
                        sampling=SamplingConfig(temperature, top_p, seed), truncate=truncate, password=password,
-                       no_repeat_ngram_size=no_repeat_ngram, at_line=at_line, max_lines=max_lines)
+                       no_repeat_ngram_size=no_repeat_ngram, method=method, allocation=allocation,
+                       indicator=indicator, at_line=at_line, max_lines=max_lines)
 
 
 def run_command(task: str, document: str | None, fields: dict[str, str], params: dict, **extra) -> None:
@@ -100,7 +110,8 @@ def run_command(task: str, document: str | None, fields: dict[str, str], params:
     """
     with handled():
         request = task_request(task, document, fields, **{name: params[name] for name in SHARED_OPTIONS}, **extra)
-        run_and_report(request, params["json_out"], params["quiet"])
+        output = check_writable(params["output"]) if params["output"] else None  # fail before any model work
+        run_and_report(request, params["json_out"], params["quiet"], output)
 
 
 @app.command()
@@ -109,7 +120,9 @@ def summarize(document: o.Document = None, model: o.Model = None, budget: o.Budg
               attention: o.Attention = "auto", device_map: o.DeviceMap = None,
               max_new_tokens: o.MaxNewTokens = None, temperature: o.Temperature = 0.0, top_p: o.TopP = 1.0,
               seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle",
-              password: o.Password = None, json_out: o.Json = False, quiet: o.Quiet = False) -> None:
+              password: o.Password = None, method: o.Method = "cake",
+              allocation: o.Allocation = None, indicator: o.Indicator = None, output: o.Output = None,
+              json_out: o.Json = False, quiet: o.Quiet = False) -> None:
     """Summarize a long document under a KV-cache budget; the summary streams to stdout, the report to stderr."""
     run_command("summarize", document, {}, locals())
 
@@ -120,7 +133,9 @@ def qa(document: o.RequiredDocument, question: o.Question, model: o.Model = None
        attention: o.Attention = "auto", device_map: o.DeviceMap = None,
        max_new_tokens: o.MaxNewTokens = None, temperature: o.Temperature = 0.0, top_p: o.TopP = 1.0,
        seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle",
-       password: o.Password = None, json_out: o.Json = False, quiet: o.Quiet = False) -> None:
+       password: o.Password = None, method: o.Method = "cake",
+       allocation: o.Allocation = None, indicator: o.Indicator = None, output: o.Output = None,
+       json_out: o.Json = False, quiet: o.Quiet = False) -> None:
     """Answer a question about a long document. The question ends the prompt, so CAKE keeps what it needs;
     only the document is ever truncated."""
     run_command("qa", document, {"question": question}, locals())
@@ -132,7 +147,9 @@ def needle(document: o.RequiredDocument, query: o.Query, model: o.Model = None, 
            attention: o.Attention = "auto", device_map: o.DeviceMap = None,
            max_new_tokens: o.MaxNewTokens = None, temperature: o.Temperature = 0.0, top_p: o.TopP = 1.0,
            seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle",
-           password: o.Password = None, json_out: o.Json = False, quiet: o.Quiet = False) -> None:
+           password: o.Password = None, method: o.Method = "cake",
+           allocation: o.Allocation = None, indicator: o.Indicator = None, output: o.Output = None,
+           json_out: o.Json = False, quiet: o.Quiet = False) -> None:
     """Find and quote the passage that answers QUERY; the report (stderr) and --json say where it is
     (PDF page, character offset and depth), when the quote matches the document closely."""
     run_command("needle", document, {"query": query}, locals())
@@ -144,7 +161,9 @@ def complete(file: o.SourceFile = None, at: o.AtLine = None, lines: o.Lines = DE
              dtype: o.Dtype = "auto", attention: o.Attention = "auto", device_map: o.DeviceMap = None,
              max_new_tokens: o.MaxNewTokens = None, temperature: o.Temperature = 0.0, top_p: o.TopP = 1.0,
              seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle",
-             password: o.Password = None, json_out: o.Json = False, quiet: o.Quiet = False) -> None:
+             password: o.Password = None, method: o.Method = "cake",
+             allocation: o.Allocation = None, indicator: o.Indicator = None, output: o.Output = None,
+             json_out: o.Json = False, quiet: o.Quiet = False) -> None:
     """Continue a source file (LongBench-style code completion): prints the next lines of code only, no prose.
     With --at LINE the context is the file before LINE."""
     run_command("complete", file, {}, locals(), at_line=at, max_lines=lines)

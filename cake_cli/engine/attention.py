@@ -16,6 +16,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
+from cake_cli.engine.window import window_attention
+
 BACKENDS = ("eager", "sdpa", "flash_attention_2")
 
 
@@ -55,6 +57,15 @@ def _backend_call(backend: str, module, query, key, value, scaling, dropout, kwa
     return eager_attention_forward(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
+def attend(probs: torch.Tensor, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Attention output from probabilities: probs [H, 1, k] float32, value [1, H_kv, k, d] ->
+    [1, 1, H, d] in `dtype` (transformers' layout); query head h reads KV head h // g."""
+    num_heads, _, k = probs.shape
+    num_kv, dim = value.shape[1], value.shape[-1]
+    out = torch.bmm(probs.view(num_kv, num_heads // num_kv, k), value[0].float())  # [H_kv, g, d]
+    return out.reshape(1, 1, num_heads, dim).to(dtype)
+
+
 def _make(backend: str):
     def cake_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         """query [1, H, q, d], key/value [1, H_kv, k, d] -> output [1, q, H, d] (transformers layout)."""
@@ -62,6 +73,12 @@ def _make(backend: str):
         if query.shape[0] != 1:
             raise ValueError("cake-cli attention supports batch size 1 only")
         scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+        if cake is not None and query.shape[2] == 1 and cake.needs_probs(module.layer_idx, key.shape[2]):
+            # one decode query on a layer about to evict: compute the probabilities once, use them for
+            # the output and for the eviction score (saves the backend's second pass over the keys)
+            probs = window_attention(query[0], key[0], scaling)  # [H, 1, k] float32
+            cake.after_attention(module.layer_idx, query, key, scaling, probs=probs)
+            return attend(probs, value, query.dtype), None
         out, _ = _backend_call(backend, module, query, key, value, scaling, dropout, kwargs)
         if cake is not None:
             cake.after_attention(module.layer_idx, query, key, scaling)

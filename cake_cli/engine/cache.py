@@ -137,10 +137,16 @@ class CakeCache(Cache):
         self.track_peak()
         return keys, values
 
-    def after_attention(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
-        """Hook called by the attention function once layer `layer_idx` has attended."""
+    def after_attention(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float,
+                        probs: torch.Tensor | None = None) -> None:
+        """Hook called by the attention function once layer `layer_idx` has attended; `probs` are the
+        [H, 1, k] float32 probabilities of a single decode query when the attention function computed them."""
         if self.policy is not None:
-            self.policy.after_attention(self, layer_idx, query, key, scaling)
+            self.policy.after_attention(self, layer_idx, query, key, scaling, probs=probs)
+
+    def needs_probs(self, layer_idx: int, key_len: int) -> bool:
+        """Whether the policy will score layer `layer_idx` from a single query's probabilities now."""
+        return self.policy is not None and getattr(self.policy, "needs_probs", lambda *_: False)(layer_idx, key_len)
 
     def kv_bytes(self) -> int:
         """Bytes held now by every layer's key and value tensors, measured from the tensors."""

@@ -76,7 +76,8 @@ class CascadePrefill:
         """B_l after the last stage (evictable tokens per layer), or None if nothing was evicted."""
         return self.stages[-1] if self.evicting and len(self.stages) == self.num_layers else None
 
-    def after_attention(self, cache, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
+    def after_attention(self, cache, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float,
+                        probs: torch.Tensor | None = None) -> None:
         """Score layer `layer_idx` from its window attention and cascade-evict layers 0..layer_idx.
 
         Args:

@@ -39,12 +39,18 @@ class FixedDecode:
         self.capacity = capacity
         self.seconds = 0.0
 
-    def after_attention(self, cache, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float) -> None:
+    def needs_probs(self, layer_idx: int, key_len: int) -> bool:
+        """True when a layer holding `key_len` slots is over capacity (it will evict now)."""
+        return key_len > self.capacity[layer_idx]
+
+    def after_attention(self, cache, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float,
+                        probs: torch.Tensor | None = None) -> None:
         """Evict layer `layer_idx` back to its capacity after q new tokens were added.
 
         Args:
             query: [1, H, q, d] rotated queries of the new tokens.
             key: [1, H_kv, k, d] every slot the layer holds (all live at this point).
+            probs: [H, q, k] float32 attention of the new queries if already computed, else None.
         """
         k = key.shape[-2]
         cap, cfg = self.capacity[layer_idx], self.config
@@ -55,7 +61,7 @@ class FixedDecode:
         w = min(cfg.window, cap)
         num_heads, num_kv = query.shape[1], key.shape[1]
         order = torch.argsort(layer.positions, dim=-1)  # [H_kv, k]: slots in position order
-        a = window_attention(query[0], key[0], scaling)  # [H, q, k]; q = 1 or the new tokens are last
+        a = probs if probs is not None else window_attention(query[0], key[0], scaling)  # [H, q, k]
         by_head = order.repeat_interleave(num_heads // num_kv, dim=0)  # [H, k]
         a = a.gather(2, by_head.unsqueeze(1).expand(-1, a.shape[1], -1))  # [H, q, k] in position order
         m = k - w  # candidates: everything but the most recent w
@@ -77,5 +83,5 @@ class GrowDecode:
 
     seconds = 0.0
 
-    def after_attention(self, cache, layer_idx, query, key, scaling) -> None:
+    def after_attention(self, cache, layer_idx, query, key, scaling, probs=None) -> None:
         """Nothing to do."""

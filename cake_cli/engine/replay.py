@@ -28,7 +28,7 @@ class _Recorder:
         self.window = window
         self.attention: dict[int, torch.Tensor] = {}
 
-    def after_attention(self, cache, layer_idx, query, key, scaling) -> None:
+    def after_attention(self, cache, layer_idx, query, key, scaling, probs=None) -> None:
         if query.shape[2] > self.window:
             self.attention[layer_idx] = window_attention(query[0, :, -self.window:, :], key[0], scaling)
 

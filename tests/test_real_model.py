@@ -62,3 +62,12 @@ def test_summarize_real_pdf(tmp_path, shared_home, monkeypatch):
     assert data["prompt_tokens"] >= 2000
     assert data["saved_fraction"] >= 0.80
     assert len(data["answer"].split()) >= 5
+
+
+def test_eviction_does_not_collapse_generation_into_one_token(tmp_path, shared_home, monkeypatch):
+    """With n-gram blocking off, greedy text under a 256 budget still uses many distinct tokens."""
+    doc = tmp_path / "LICENSE.txt"
+    doc.write_text(license_text(), encoding="utf-8")
+    data = summarize_json(doc, shared_home, monkeypatch, "--no-repeat-ngram", "0")
+    words = data["answer"].split()
+    assert len(words) >= 10 and len(set(words)) >= 0.3 * len(words)

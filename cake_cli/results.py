@@ -36,11 +36,10 @@ class Location:
 
 
 @dataclass(frozen=True)
-class RunResult:
-    """Everything a task run produced and measured. Bytes from the cache tensors, times in seconds."""
+class PrefillSummary:
+    """What every run reports about its prompt, settings, per-layer budgets and the KV cache after
+    prefill (shared by RunResult and InspectResult). Bytes from the cache tensors, times in seconds."""
 
-    task: str
-    answer: str
     model: str
     device: str
     dtype: str
@@ -54,31 +53,48 @@ class RunResult:
     tau2: float
     tau_rule: str
     gamma: float
-    decode_policy: str
-    method: str
-    allocation: str
-    indicator: str
-    evicted: bool
+    evicted: bool  # False when the prompt fits the budget (no layer is cut)
     layers: tuple[LayerResult, ...]
     kv_bytes_full: int
-    kv_bytes_kept: int
-    kv_bytes_final: int
+    kv_bytes_kept: int  # after prefill
     kv_peak_prefill: int
     load_seconds: float
     prefill_seconds: float
-    decode_seconds: float
-    decode_steps: int
-    generated_tokens: int
-    eviction_seconds: float
-    stop_reason: str
-    warnings: tuple[str, ...] = ()
-    location: Location | None = None  # needle search: where the quoted passage is (None: not found / n.a.)
-    raw_answer: str | None = None  # code completion: the generated text before code-only cleaning
+    eviction_seconds: float  # scoring + eviction
 
     @property
     def saved_fraction(self) -> float:
         """1 - kept / full KV bytes after prefill."""
         return 1.0 - self.kv_bytes_kept / self.kv_bytes_full if self.kv_bytes_full else 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: every field plus saved_fraction and the cake-cli version."""
+        data = asdict(self)
+        data["layers"] = [asdict(layer) for layer in self.layers]
+        data["warnings"] = list(getattr(self, "warnings", ()))
+        data["saved_fraction"] = self.saved_fraction
+        data["cake_cli_version"] = __version__
+        return data
+
+
+@dataclass(frozen=True)
+class RunResult(PrefillSummary):
+    """Everything a task run produced and measured."""
+
+    task: str
+    answer: str
+    decode_policy: str
+    method: str
+    allocation: str
+    indicator: str
+    kv_bytes_final: int
+    decode_seconds: float
+    decode_steps: int
+    generated_tokens: int
+    stop_reason: str
+    warnings: tuple[str, ...] = ()
+    location: Location | None = None  # needle search: where the quoted passage is (None: not found / n.a.)
+    raw_answer: str | None = None  # code completion: the generated text before code-only cleaning
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -86,13 +102,9 @@ class RunResult:
 
     def to_dict(self) -> dict:
         """JSON-ready dict: every field plus the derived ratios."""
-        data = asdict(self)
-        data["layers"] = [asdict(layer) for layer in self.layers]
-        data["warnings"] = list(self.warnings)
+        data = super().to_dict()
         data["location"] = asdict(self.location) if self.location else None
-        data["saved_fraction"] = self.saved_fraction
         data["decode_tokens_per_second"] = self.decode_tokens_per_second
-        data["cake_cli_version"] = __version__
         return data
 
 
@@ -117,33 +129,12 @@ def layer_results(rows) -> tuple[LayerResult, ...]:
 
 
 @dataclass(frozen=True)
-class InspectResult:
+class InspectResult(PrefillSummary):
     """A prefill-only look at how CAKE scores and budgets each layer (`cake inspect-layers`)."""
 
     document: str  # the path as given, "<stdin>", or the packaged sample's path
     template: str  # the task template whose prompt was prefilled
-    model: str
-    device: str
-    dtype: str
-    attention: str
-    prompt_tokens: int
-    document_tokens: int
-    original_document_tokens: int
-    budget: int  # B, tokens per layer on average incl. window
-    window: int
-    tau1: float
-    tau2: float
-    tau_rule: str
-    gamma: float
-    evicted: bool  # False when the prompt fits the budget (no layer is cut)
     evictable_total: int  # (B - w) · L: what the budgets B_l share
-    layers: tuple[LayerResult, ...]
-    kv_bytes_full: int
-    kv_bytes_kept: int
-    kv_peak_prefill: int
-    load_seconds: float
-    prefill_seconds: float
-    eviction_seconds: float
     warnings: tuple[str, ...] = ()
 
     @property
@@ -151,17 +142,8 @@ class InspectResult:
         """sum of B_l (evictable tokens kept over all layers); None when nothing was evicted."""
         return sum(layer.budget for layer in self.layers) if self.evicted else None
 
-    @property
-    def saved_fraction(self) -> float:
-        """1 - kept / full KV bytes after prefill."""
-        return 1.0 - self.kv_bytes_kept / self.kv_bytes_full if self.kv_bytes_full else 0.0
-
     def to_dict(self) -> dict:
         """JSON-ready dict: every field plus budget_sum, saved_fraction and the cake-cli version."""
-        data = asdict(self)
-        data["layers"] = [asdict(layer) for layer in self.layers]
-        data["warnings"] = list(self.warnings)
+        data = super().to_dict()
         data["budget_sum"] = self.budget_sum
-        data["saved_fraction"] = self.saved_fraction
-        data["cake_cli_version"] = __version__
         return data

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 import cake_cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
 import cake_cli.engine.replay as replay_module
 from cake_cli.bench.quality import parse_variants
-from cake_cli.bench.quality_report import summarize, target_checks
+from cake_cli.bench.quality_report import markdown, summarize, target_checks
 from cake_cli.cli import app
 from cake_cli.errors import UsageError
 
@@ -64,6 +64,10 @@ def test_quality_end_to_end_then_resume(cli_env, count_prefills):
     assert count_prefills == []
     assert json.loads(out.read_text())["rows"] == rows
     assert "resuming" in again.stderr
+    # a subset with nothing to run still records its own settings in the file's meta
+    subset = runner.invoke(app, [a if a != "32,64" else "32" for a in args])
+    assert subset.exit_code == 0, subset.stderr
+    assert count_prefills == [] and set(json.loads(out.read_text())["meta"]["taus"]) == {"32"}
 
     # a new budget: only its cells run (one prefill per case again), old rows kept as they were
     more = runner.invoke(app, [a if a != "32,64" else "32,64,128" for a in args])
@@ -142,3 +146,19 @@ def test_parse_variants_and_target_checks():
     checks = target_checks(summary, at_budget=32, length=100)
     assert checks[0].startswith("PASS B=32") and checks[1].startswith("FAIL B=64")
     assert checks[2].startswith("PASS B=32 at 100 tokens") and "96% of full" in checks[2]
+
+
+def test_paired_counts_compare_the_same_cases():
+    # two cases at one length; full has no budget and is compared at every budget
+    scores = {("a", "full", None): 1.0, ("a", "cake", 32): 0.5, ("a", "snapkv", 32): 0.5,
+              ("b", "full", None): 0.2, ("b", "cake", 32): 0.9, ("b", "snapkv", 32): 0.1,
+              ("a", "cake", 64): 1.0, ("a", "snapkv", 64): 0.7}  # case b has no B=64 answers: not counted
+    rows = [{"task": "s-rt", "case_id": c, "length": 100, "method": m, "budget": b, "score": s}
+            for (c, m, b), s in scores.items()]
+    summary = summarize(rows, ["full", "snapkv", "cake"], [32, 64])
+    assert summary.paired == {("full", 32): (1, 0, 1), ("snapkv", 32): (1, 1, 0),
+                              ("full", 64): (0, 1, 0), ("snapkv", 64): (1, 0, 0)}
+    assert summary.paired_grid() == [["full", "1-0-1", "0-1-0"], ["snapkv", "1-1-0", "1-0-0"]]
+    assert {"method": "cake", "versus": "snapkv", "budget": 32, "wins": 1, "ties": 1, "losses": 0} \
+        in summary.to_json()["paired"]
+    assert "| snapkv | 1-1-0 | 1-0-0 |" in markdown(summary)

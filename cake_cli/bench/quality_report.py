@@ -6,6 +6,10 @@ Averages: a task's score at (method, budget) is the plain mean over its cases an
 0.4/0.3/0.3 for the needle tasks scaled to 3/4, plus 1/4 for QA), renormalised over the tasks
 present. "full" (no eviction) has no budget; it is shown at every budget. Scores are reported
 x 100.
+
+Paired counts: means over a few cases hide whether one method wins broadly or by a few big
+cases, so `summarize` also counts, per budget, the cases (task, case, length) where CAKE scores
+above / equal to / below each other method on the same prompt (a sign-test view).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cake_cli.bench.scoring import TASK_WEIGHTS, weighted_overall
@@ -79,6 +83,8 @@ class Summary:
     tasks: tuple[str, ...]  # tasks present, then "overall"
     scores: dict  # (task, method, budget, length | None) -> mean score
     cases: dict  # (task, method, budget, length | None) -> rows averaged
+    paired: dict = field(default_factory=dict)  # (other method, budget) -> (wins, ties, losses) of `versus`
+    versus: str = "cake"
 
     def get(self, task: str, method: str, budget: int, length: int | None = None) -> float | None:
         return self.scores.get((task, method, budget, length))
@@ -88,11 +94,49 @@ class Summary:
                 "tasks": list(self.tasks),
                 "scores": [{"task": t, "method": m, "budget": b, "length": n, "score": s,
                             "rows": self.cases.get((t, m, b, n), 0)}
-                           for (t, m, b, n), s in sorted(self.scores.items(), key=lambda kv: str(kv[0]))]}
+                           for (t, m, b, n), s in sorted(self.scores.items(), key=lambda kv: str(kv[0]))],
+                "paired": [{"method": self.versus, "versus": m, "budget": b, "wins": won, "ties": tied, "losses": lost}
+                           for (m, b), (won, tied, lost) in self.paired.items()]}
+
+    def paired_grid(self) -> list[list[str]]:
+        """Rows [other method, "wins-ties-losses" of `versus` at each budget]."""
+        others = [m for m in self.methods if any((m, b) in self.paired for b in self.budgets)]
+        return [[m, *("-".join(map(str, self.paired[(m, b)])) if (m, b) in self.paired else "-"
+                      for b in self.budgets)] for m in others]
 
 
-def summarize(rows: list[dict], methods: list[str] | None = None, budgets: list[int] | None = None) -> Summary:
-    """Average the rows (see the module docstring); `methods` / `budgets` fix the order shown."""
+def paired_counts(rows: list[dict], versus: str, methods: list[str], budgets: list[int],
+                  tol: float = 1e-9) -> dict:
+    """{(other method, budget): (wins, ties, losses)} of `versus` over the cases (task, case_id,
+    length) that both methods answered at that budget; "full" is compared at every budget. Scores
+    within `tol` tie."""
+    by_case = {(r["task"], r["case_id"], r["length"], r["method"], r["budget"]): r["score"] for r in rows}
+    cases = {(r["task"], r["case_id"], r["length"]) for r in rows}
+    out = {}
+    for m in methods:
+        if m == versus:
+            continue
+        for b in budgets:
+            won = tied = lost = 0
+            for c in cases:
+                mine, other = by_case.get((*c, versus, b)), by_case.get((*c, m, None if m == "full" else b))
+                if mine is None or other is None:
+                    continue
+                if abs(mine - other) <= tol:
+                    tied += 1
+                elif mine > other:
+                    won += 1
+                else:
+                    lost += 1
+            if won + tied + lost:
+                out[(m, b)] = (won, tied, lost)
+    return out
+
+
+def summarize(rows: list[dict], methods: list[str] | None = None, budgets: list[int] | None = None,
+              versus: str = "cake") -> Summary:
+    """Average the rows (see the module docstring); `methods` / `budgets` fix the order shown;
+    `versus` is the method whose paired wins / ties / losses against each other method are counted."""
     methods = methods or list(dict.fromkeys(r["method"] for r in rows))
     budgets = budgets or sorted({r["budget"] for r in rows if r["budget"] is not None})
     lengths = sorted({r["length"] for r in rows})
@@ -111,7 +155,12 @@ def summarize(rows: list[dict], methods: list[str] | None = None, budgets: list[
                 if per_task:
                     scores[("overall", m, b, n)] = weighted_overall(per_task)
                     cases[("overall", m, b, n)] = sum(cases[(t, m, b, n)] for t in per_task)
-    return Summary(tuple(methods), tuple(budgets), tuple(lengths), (*tasks, "overall"), scores, cases)
+    paired = paired_counts(rows, versus, methods, budgets) if versus in methods else {}
+    return Summary(tuple(methods), tuple(budgets), tuple(lengths), (*tasks, "overall"), scores, cases,
+                   paired, versus)
+
+
+_PAIRED_HEADING = "{} vs each method on the same cases: wins-ties-losses"
 
 
 def _fmt(x: float | None) -> str:
@@ -142,6 +191,14 @@ def rich_tables(summary: Summary, title: str) -> list:
         for row in grid(summary, task, length):
             table.add_row(*row)
         out.append((f"{title} · {_title(task, length)} · score x 100", table))
+    if summary.paired:
+        table = Table()
+        table.add_column(f"{summary.versus} vs")
+        for b in summary.budgets:
+            table.add_column(f"B={b}", justify="right")
+        for row in summary.paired_grid():
+            table.add_row(*row)
+        out.append((f"{title} · {_PAIRED_HEADING.format(summary.versus)}", table))
     return out
 
 
@@ -157,6 +214,11 @@ def markdown(summary: Summary) -> str:
         rule = "|---|" + "---:|" * len(summary.budgets)
         body = ["| " + " | ".join(row) + " |" for row in grid(summary, task, length)]
         parts.append(f"**{_title(task, length)}**\n\n" + "\n".join([head, rule, *body]))
+    if summary.paired:
+        head = f"| {summary.versus} vs | " + " | ".join(f"B={b}" for b in summary.budgets) + " |"
+        rule = "|---|" + "---:|" * len(summary.budgets)
+        body = ["| " + " | ".join(row) + " |" for row in summary.paired_grid()]
+        parts.append(f"**{_PAIRED_HEADING.format(summary.versus)}**\n\n" + "\n".join([head, rule, *body]))
     return "\n\n".join(parts) + "\n"
 
 

@@ -233,7 +233,7 @@ def _run(title, loaded, runner_model, suite, variants, budgets, config_for_budge
 
         run_grid(runner_model, suite, variants, budgets, config_for_budget, haystack=haystack, done=done,
                  on_case=save, on_step=step)
-    if output and not output.exists():
+    if output:  # also when nothing was left to run: the meta then names the command behind the tables
         save_results(output, {**old_meta, **meta}, rows)
     return rows
 

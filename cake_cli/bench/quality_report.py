@@ -110,7 +110,9 @@ def paired_counts(rows: list[dict], versus: str, methods: list[str], budgets: li
     """{(other method, budget): (wins, ties, losses)} of `versus` over the cases (task, case_id,
     length) that both methods answered at that budget; "full" is compared at every budget. Scores
     within `tol` tie."""
-    by_case = {(r["task"], r["case_id"], r["length"], r["method"], r["budget"]): r["score"] for r in rows}
+    from cake_cli.bench.quality import result_key
+
+    by_key = {row_key(r): r["score"] for r in rows}
     cases = {(r["task"], r["case_id"], r["length"]) for r in rows}
     out = {}
     for m in methods:
@@ -119,7 +121,8 @@ def paired_counts(rows: list[dict], versus: str, methods: list[str], budgets: li
         for b in budgets:
             won = tied = lost = 0
             for c in cases:
-                mine, other = by_case.get((*c, versus, b)), by_case.get((*c, m, None if m == "full" else b))
+                mine = by_key.get(result_key(*c, versus, b))
+                other = by_key.get(result_key(*c, m, None if m == "full" else b))
                 if mine is None or other is None:
                     continue
                 if abs(mine - other) <= tol:
@@ -177,48 +180,45 @@ def _title(task: str, length: int | None) -> str:
     return f"{TASK_TITLES.get(task, task)}, {where}"
 
 
+def _views(summary: Summary, views: list) -> list[tuple[str, str, str, list[list[str]]]]:
+    """[(heading, unit, first column, rows)]: the score grid of each (task, length) in `views`, then
+    the paired wins-ties-losses grid when there is one. One source for the rich and markdown tables."""
+    out = [(_title(task, length), " · score x 100", "method", grid(summary, task, length)) for task, length in views]
+    if summary.paired:
+        out.append((_PAIRED_HEADING.format(summary.versus), "", f"{summary.versus} vs", summary.paired_grid()))
+    return out
+
+
 def rich_tables(summary: Summary, title: str) -> list:
-    """[(heading, rich Table)]: overall and each task over all lengths, then overall per length."""
+    """[(heading, rich Table)]: overall and each task over all lengths, then overall per length,
+    then CAKE's paired counts."""
     from rich.table import Table
 
     out = []
     views = [(t, None) for t in summary.tasks] + [("overall", n) for n in summary.lengths]
-    for task, length in views:
+    for heading, unit, first, rows in _views(summary, views):
         table = Table()
-        table.add_column("method")
+        table.add_column(first)
         for b in summary.budgets:
             table.add_column(f"B={b}", justify="right")
-        for row in grid(summary, task, length):
+        for row in rows:
             table.add_row(*row)
-        out.append((f"{title} · {_title(task, length)} · score x 100", table))
-    if summary.paired:
-        table = Table()
-        table.add_column(f"{summary.versus} vs")
-        for b in summary.budgets:
-            table.add_column(f"B={b}", justify="right")
-        for row in summary.paired_grid():
-            table.add_row(*row)
-        out.append((f"{title} · {_PAIRED_HEADING.format(summary.versus)}", table))
+        out.append((f"{title} · {heading}{unit}", table))
     return out
 
 
 def markdown(summary: Summary) -> str:
-    """The views of `rich_tables`, then each task at the longest length, as GitHub markdown
-    tables (scores x 100)."""
-    parts = []
+    """The views of `rich_tables` plus each task at the longest length, as GitHub markdown tables
+    (scores x 100; the paired counts last)."""
     views = [(t, None) for t in summary.tasks] + [("overall", n) for n in summary.lengths]
     if summary.lengths:
         views += [(t, summary.lengths[-1]) for t in summary.tasks if t != "overall"]
-    for task, length in views:
-        head = "| method | " + " | ".join(f"B={b}" for b in summary.budgets) + " |"
+    parts = []
+    for heading, _unit, first, rows in _views(summary, views):
+        head = f"| {first} | " + " | ".join(f"B={b}" for b in summary.budgets) + " |"
         rule = "|---|" + "---:|" * len(summary.budgets)
-        body = ["| " + " | ".join(row) + " |" for row in grid(summary, task, length)]
-        parts.append(f"**{_title(task, length)}**\n\n" + "\n".join([head, rule, *body]))
-    if summary.paired:
-        head = f"| {summary.versus} vs | " + " | ".join(f"B={b}" for b in summary.budgets) + " |"
-        rule = "|---|" + "---:|" * len(summary.budgets)
-        body = ["| " + " | ".join(row) + " |" for row in summary.paired_grid()]
-        parts.append(f"**{_PAIRED_HEADING.format(summary.versus)}**\n\n" + "\n".join([head, rule, *body]))
+        body = ["| " + " | ".join(row) + " |" for row in rows]
+        parts.append(f"**{heading}**\n\n" + "\n".join([head, rule, *body]))
     return "\n\n".join(parts) + "\n"
 
 

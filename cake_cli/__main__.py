@@ -1,6 +1,6 @@
 """`python -m cake_cli` entry point."""
 
-from cake_cli.cli import main
+from cake_cli.cli.main import main
 
 if __name__ == "__main__":
     main()

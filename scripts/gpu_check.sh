@@ -60,7 +60,7 @@ test -s "$out/summary.txt" && grep -q "CAKE report" "$out/report.txt"
 placement() {
   python - "$model" "$1" <<'PY'
 import sys
-from cake_cli.loader import load_model
+from cake_cli.models.loader import load_model
 loaded = load_model(sys.argv[1], device_map=sys.argv[2])
 devices = sorted({str(p.device) for p in loaded.model.parameters()})
 print(f"gpu_check: --device-map {sys.argv[2]} placed the weights on {', '.join(devices)}", file=sys.stderr)

@@ -9,11 +9,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import cake_cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
+import cake_cli.cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
 import cake_cli.engine.replay as replay_module
 from cake_cli.bench.quality import parse_variants
 from cake_cli.bench.quality_report import markdown, summarize, target_checks
-from cake_cli.cli import app
+from cake_cli.cli.main import app
 from cake_cli.errors import UsageError
 
 runner = CliRunner()

@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from cake_cli import __version__
-from cake_cli.cli import app
+from cake_cli.cli.main import app
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cake_cli.cli import app
+from cake_cli.cli.main import app
 from tests.conftest import license_text
 
 runner = CliRunner()
@@ -28,12 +28,12 @@ def doc(cli_env):
 @pytest.fixture
 def engine_rows(doc):
     """Prefill the same prompt directly through the engine: the oracle for the CLI's numbers."""
-    from cake_cli.documents import load_document
+    from cake_cli.tasks.documents import load_document
     from cake_cli.engine.attention import use_cake_attention
     from cake_cli.engine.config import CakeConfig
     from cake_cli.engine.generate import prefill
-    from cake_cli.loader import load_model
-    from cake_cli.tasks import build_prompt, load_template
+    from cake_cli.models.loader import load_model
+    from cake_cli.tasks.templates import build_prompt, load_template
 
     loaded = load_model("tiny-test")
     use_cake_attention(loaded.model, "sdpa")

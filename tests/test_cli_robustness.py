@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cake_cli.cli import app
+from cake_cli.cli.main import app
 from tests.conftest import license_text
 
 runner = CliRunner()
@@ -70,12 +70,12 @@ def test_output_file_is_written_and_never_clobbered_on_failure(doc, cli_env):
 
 
 def test_ctrl_c_exits_130_without_traceback(doc, monkeypatch):
-    import cake_cli.runner
+    import cake_cli.tasks.runner
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cake_cli.runner, "run_task", interrupted)
+    monkeypatch.setattr(cake_cli.tasks.runner, "run_task", interrupted)
     result = runner.invoke(app, ["summarize", str(doc), "-m", "tiny-test"])
     assert result.exit_code == 130 and "Traceback" not in result.stderr
 

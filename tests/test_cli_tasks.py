@@ -12,8 +12,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cake_cli.cli import app
-from cake_cli.code import filter_code
+from cake_cli.cli.main import app
+from cake_cli.tasks.code import filter_code
 from tests.conftest import license_text
 
 runner = CliRunner()
@@ -232,7 +232,7 @@ def test_every_task_has_the_shared_options(command):
 
 
 def test_device_map_reaches_the_loader(doc, monkeypatch):
-    from cake_cli import loader
+    from cake_cli.models import loader
 
     seen = []
     real = loader.load_model

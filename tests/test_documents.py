@@ -19,10 +19,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from cake_cli import documents
-from cake_cli.documents import Document, join_pages, load_document, normalize_text, page_of_offset
+from cake_cli.tasks import documents
+from cake_cli.tasks.documents import Document, join_pages, load_document, normalize_text, page_of_offset
 from cake_cli.errors import CakeError
-from cake_cli.pdf import format_pages, rejoin_hyphenated
+from cake_cli.tasks.pdf import format_pages, rejoin_hyphenated
 
 LICENSE = (Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt").read_text(encoding="utf-8")
 SOURCE = LICENSE[:8000]

@@ -8,7 +8,7 @@ import torch
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import _forward, generate, prefill
-from cake_cli.engine.reference import MaskedReference
+from tests.reference import MaskedReference
 
 
 def prompt(n: int, vocab: int = 97, seed: int = 1) -> torch.Tensor:

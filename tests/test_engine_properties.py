@@ -18,7 +18,7 @@ from cake_cli.engine.cache import NonFiniteError
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import generate, prefill
 from cake_cli.engine.preference import dispersion, log_preference, shift, variance_rows
-from cake_cli.engine.reference import MaskedReference
+from tests.reference import MaskedReference
 from cake_cli.engine.window import window_attention
 from tests.conftest import tiny_llama
 

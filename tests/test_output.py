@@ -7,7 +7,7 @@ import os
 import pytest
 
 from cake_cli.errors import CakeError
-from cake_cli.output import check_writable, write_atomic
+from cake_cli.files import check_writable, write_atomic
 
 
 def test_writes_and_replaces(tmp_path):

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cake_cli.errors import CakeError, UsageError
-from cake_cli.profiles import TauChoice, find_profile, list_profiles, load_profile, parse_profile, profile_dirs
+from cake_cli.models.profiles import TauChoice, find_profile, list_profiles, load_profile, parse_profile, profile_dirs
 
 SHIPPED = {"smollm2", "mistral", "llama2-7b", "llama2-13b", "llama3.1-8b", "qwen2.5-7b"}
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cake_cli.cli import app
+from cake_cli.cli.main import app
 from tests.conftest import license_text
 
 pytestmark = [

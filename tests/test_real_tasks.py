@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cake_cli.cli import app
+from cake_cli.cli.main import app
 from tests.conftest import license_text
 
 pytestmark = [

@@ -1,4 +1,4 @@
-"""Code-only answers (cake_cli.code): fences and prose dropped, N lines, streaming == one shot."""
+"""Code-only answers (cake_cli.tasks.code): fences and prose dropped, N lines, streaming == one shot."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cake_cli.code import CodeFilter, context_before, cut_at_line, filter_code, is_prose, max_new_tokens_for
-from cake_cli.documents import load_document
+from cake_cli.tasks.code import CodeFilter, context_before, cut_at_line, filter_code, is_prose, max_new_tokens_for
+from cake_cli.tasks.documents import load_document
 from cake_cli.errors import UsageError
 
 

@@ -1,10 +1,10 @@
-"""Needle location (cake_cli.locate): the quote's passage, its offset, depth and PDF page."""
+"""Needle location (cake_cli.tasks.locate): the quote's passage, its offset, depth and PDF page."""
 
 from __future__ import annotations
 
 import pytest
 
-from cake_cli.locate import THRESHOLD, candidates, locate
+from cake_cli.tasks.locate import THRESHOLD, candidates, locate
 from tests.conftest import license_text
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."

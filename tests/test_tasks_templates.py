@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cake_cli import tasks
+from cake_cli.tasks import templates as tasks
 from cake_cli.errors import CakeError, UsageError
-from cake_cli.tasks import build_prompt, load_template
+from cake_cli.tasks.templates import build_prompt, load_template
 from tests.conftest import license_text
 from tests.tiny import build_tiny_tokenizer
 

@@ -160,7 +160,7 @@ def build_case(model: Model, task: str, split: str, index: int, depth: float, le
     """
     from cake_cli.bench.datasets import haystack_text, make_qa_case, qa_item
     from cake_cli.bench.needles import make_needle_case, needle_facts
-    from cake_cli.tasks import build_prompt, load_template
+    from cake_cli.tasks.templates import build_prompt, load_template
 
     template = load_template(TEMPLATES[task])
     target = min(length, model.max_prompt_tokens)
@@ -179,7 +179,7 @@ def build_case(model: Model, task: str, split: str, index: int, depth: float, le
 
 def prompt_ids(model: Model, case: Case) -> list[int]:
     """The chat-rendered prompt of a case (never truncated: CakeError if it does not fit)."""
-    from cake_cli.tasks import build_prompt, load_template
+    from cake_cli.tasks.templates import build_prompt, load_template
 
     template = load_template(TEMPLATES[case.task])
     return list(build_prompt(model.tokenizer, template, case.document, max_prompt_tokens=model.max_prompt_tokens,
@@ -273,7 +273,7 @@ def _kept_key(state, config) -> tuple:
 
 
 def _max_new_tokens(task: str) -> int:
-    from cake_cli.tasks import load_template
+    from cake_cli.tasks.templates import load_template
 
     return load_template(TEMPLATES[task]).max_new_tokens
 

@@ -99,7 +99,7 @@ def write_profile_taus(path: Path, chosen: list[TauScores], source: str) -> None
         CakeError: the file has no `taus:` block or `tau_source:` line, or the result does not
             validate as a profile.
     """
-    from cake_cli.profile_schema import parse_profile
+    from cake_cli.models.profile_schema import parse_profile
 
     lines = path.read_text(encoding="utf-8").splitlines()
     try:

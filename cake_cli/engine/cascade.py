@@ -18,7 +18,7 @@ import torch
 
 from cake_cli.engine import allocation
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.indicator import top_k_sorted
+from cake_cli.engine.indicators import top_k_sorted
 from cake_cli.engine.methods import static_budgets, token_scores
 from cake_cli.engine.preference import dispersion, log_preference, shift, variance_rows
 from cake_cli.engine.window import window_attention

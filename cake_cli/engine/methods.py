@@ -23,7 +23,7 @@ import torch
 
 from cake_cli.engine import allocation
 from cake_cli.engine.config import ALLOCATIONS, INDICATORS, CakeConfig  # noqa: F401 - re-exported
-from cake_cli.engine.indicator import group_mean, smooth
+from cake_cli.engine.indicators import group_mean, smooth
 from cake_cli.engine.preference import variance_rows
 
 METHODS: dict[str, tuple[str, str] | None] = {

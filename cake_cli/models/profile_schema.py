@@ -5,7 +5,7 @@ one of ``hub_id``, ``embedded``, ``path``) and the CAKE hyperparameters for that
 ``cake-method.md`` §5): observation window ``w``, indicator weight ``gamma``, the pooling of the
 indicator, and the published temperatures ``(tau1, tau2)`` per cache budget together with the
 rule that serves the budgets in between. Unknown keys, missing keys, wrong types and other
-versions are errors. Where profiles are looked up: :mod:`cake_cli.profiles`.
+versions are errors. Where profiles are looked up: :mod:`cake_cli.models.profiles`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from cake_cli.embedded import EMBEDDED_MODELS
+from cake_cli.models.gguf import EMBEDDED_MODELS
 from cake_cli.errors import CakeError, UsageError
 SCHEMA_VERSION = 1
 DTYPES = ("float32", "bfloat16", "float16")

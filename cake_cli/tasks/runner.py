@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 from cake_cli.engine.sampling import SamplingConfig
 from cake_cli.errors import CakeError, UsageError
-from cake_cli.results import RunResult, layer_results
+from cake_cli.tasks.results import RunResult, layer_results
 
 if TYPE_CHECKING:
-    from cake_cli.documents import Document
+    from cake_cli.tasks.documents import Document
     from cake_cli.engine.config import CakeConfig
-    from cake_cli.loader import LoadedModel
-    from cake_cli.tasks import Prompt, Template
+    from cake_cli.models.loader import LoadedModel
+    from cake_cli.tasks.templates import Prompt, Template
 
 
 @dataclass(frozen=True)
@@ -138,11 +138,11 @@ def prepare(request: TaskRequest, cb: Callbacks) -> Prepared:
     Raises:
         CakeError: bad document, model or options (one line with a hint).
     """
-    from cake_cli.code import DEFAULT_LINES, context_before, max_new_tokens_for
-    from cake_cli.documents import load_document
+    from cake_cli.tasks.code import DEFAULT_LINES, context_before, max_new_tokens_for
+    from cake_cli.tasks.documents import load_document
     from cake_cli.engine.attention import default_backend, use_cake_attention
-    from cake_cli.loader import load_model, profile_of
-    from cake_cli.tasks import build_prompt, check_inputs, load_template
+    from cake_cli.models.loader import load_model, profile_of
+    from cake_cli.tasks.templates import build_prompt, check_inputs, load_template
 
     warnings: list[str] = []
     template = load_template(request.task)
@@ -189,15 +189,15 @@ def prepare(request: TaskRequest, cb: Callbacks) -> Prepared:
 def run_task(request: TaskRequest, callbacks: Callbacks | None = None) -> RunResult:
     """Run one task with CAKE and return what it produced and measured.
 
-    Code answers (template `output: code`) are cleaned to code only (`cake_cli.code`); needle
-    answers (template `locate: true`) are located in the document (`cake_cli.locate`).
+    Code answers (template `output: code`) are cleaned to code only (`cake_cli.tasks.code`); needle
+    answers (template `locate: true`) are located in the document (`cake_cli.tasks.locate`).
 
     Raises:
         CakeError: bad document, model or options (one line with a hint).
     """
     import torch
 
-    from cake_cli.code import DEFAULT_LINES, CodeFilter, filter_code
+    from cake_cli.tasks.code import DEFAULT_LINES, CodeFilter, filter_code
     from cake_cli.engine.generate import generate
 
     cb = callbacks or Callbacks()
@@ -263,8 +263,8 @@ def _locate(answer: str, doc, cb: Callbacks, warnings: list[str]):
     """The answer's location in the document, or None with a warning (below the threshold)."""
     from functools import partial
 
-    from cake_cli.documents import page_of_offset
-    from cake_cli.locate import THRESHOLD, locate
+    from cake_cli.tasks.documents import page_of_offset
+    from cake_cli.tasks.locate import THRESHOLD, locate
 
     location, score = locate(answer, doc.text, page_of=partial(page_of_offset, doc))
     if location is None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from cake_cli import options as o
-from cake_cli.app import StderrProgress, app, handled
+from cake_cli.cli import options as o
+from cake_cli.cli.app import StderrProgress, app, handled
 
 INSPECT_BUDGET = 256  # default B here: the packaged sample is ~1,700 prompt tokens
 
@@ -21,10 +21,10 @@ def inspect_layers(document: o.InspectDocument = None, model: o.Model = None, bu
     --json) goes to stdout, progress to stderr."""
     from rich.console import Console
 
-    from cake_cli.layers import INSPECT_TEMPLATE, sample_document
-    from cake_cli.layers import inspect_layers as run_inspect
-    from cake_cli.report import render_inspect
-    from cake_cli.runner import Callbacks, TaskRequest
+    from cake_cli.tasks.inspect import INSPECT_TEMPLATE, sample_document
+    from cake_cli.tasks.inspect import inspect_layers as run_inspect
+    from cake_cli.cli.report import render_inspect
+    from cake_cli.tasks.runner import Callbacks, TaskRequest
 
     with handled():
         progress = StderrProgress(quiet or json_out)

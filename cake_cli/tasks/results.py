@@ -22,7 +22,7 @@ class LayerResult:
 
 @dataclass(frozen=True)
 class Location:
-    """Where an answer's passage is in the document (needle search, `cake_cli.locate`).
+    """Where an answer's passage is in the document (needle search, `cake_cli.tasks.locate`).
 
     Offsets are Python str indices (code points) into the loaded document text.
     """

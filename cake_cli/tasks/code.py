@@ -146,7 +146,7 @@ def context_before(doc, at_line: int) -> str:
         UsageError: see `cut_at_line`.
         CakeError: the file cannot be read again.
     """
-    from cake_cli.documents import STDIN_NAME, decode_text, normalize_text
+    from cake_cli.tasks.documents import STDIN_NAME, decode_text, normalize_text
 
     if doc.kind != "text" or doc.source == STDIN_NAME or not Path(doc.source).is_file():
         return cut_at_line(doc.text, at_line)

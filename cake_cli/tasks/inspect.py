@@ -10,8 +10,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from cake_cli.results import InspectResult, layer_results
-from cake_cli.runner import Callbacks, TaskRequest, prepare
+from cake_cli.tasks.results import InspectResult, layer_results
+from cake_cli.tasks.runner import Callbacks, TaskRequest, prepare
 
 INSPECT_TEMPLATE = "summarize"  # whose prompt is prefilled: the window holds its instruction
 SAMPLE_NAME = "gull-rock.txt"  # packaged sample document (an original short story, ~1,600 tokens)
@@ -19,7 +19,7 @@ SAMPLE_NAME = "gull-rock.txt"  # packaged sample document (an original short sto
 
 def sample_document() -> Path:
     """The packaged sample text used when `cake inspect-layers` gets no document."""
-    return Path(str(resources.files("cake_cli") / "samples" / SAMPLE_NAME))
+    return Path(str(resources.files("cake_cli.tasks") / "data" / "samples" / SAMPLE_NAME))
 
 
 def inspect_layers(request: TaskRequest, callbacks: Callbacks | None = None) -> InspectResult:

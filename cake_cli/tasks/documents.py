@@ -15,7 +15,7 @@ Format detection looks at the bytes, not the name: input starting with ``%PDF-``
 4. no valid multi-byte UTF-8 at all → a legacy 8-bit file: cp1252, or latin-1 when cp1252
    cannot decode it (warning naming the encoding).
 
-PDF text comes from :mod:`cake_cli.pdf` (pypdfium2; the library comparison is there).
+PDF text comes from :mod:`cake_cli.tasks.pdf` (pypdfium2; the library comparison is there).
 Offsets are Python ``str`` indices (Unicode code points) into ``Document.text``.
 """
 
@@ -186,9 +186,9 @@ def _load_pdf(data: bytes, name: str, password: str | None) -> Document:
     """Extract, normalise and join the pages; warn about pages without text (scanned or blank).
 
     Raises:
-        CakeError: no page has text ("looks scanned"), or from :func:`cake_cli.pdf.extract_pages`.
+        CakeError: no page has text ("looks scanned"), or from :func:`cake_cli.tasks.pdf.extract_pages`.
     """
-    from cake_cli import pdf  # imported here so text-only runs never load PDFium
+    from cake_cli.tasks import pdf  # imported here so text-only runs never load PDFium
 
     raw_pages, scanned_pages, warnings = pdf.extract_pages(data, name, password)
     pages = [normalize_text(page) for page in raw_pages]

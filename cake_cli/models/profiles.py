@@ -7,7 +7,7 @@ Profiles are searched, later directories overriding earlier ones by name:
 2. ``$CAKE_HOME/profiles/*.yaml`` (user profiles);
 3. every directory in ``$CAKE_PROFILES_DIR`` (``os.pathsep``-separated; used by tests).
 
-Only :mod:`cake_cli.profile_schema` knows the YAML layout; the rest of cake-cli sees the frozen
+Only :mod:`cake_cli.models.profile_schema` knows the YAML layout; the rest of cake-cli sees the frozen
 :class:`Profile`.
 """
 
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from cake_cli.errors import CakeError
-from cake_cli.profile_schema import (  # noqa: F401 - re-exported: the public profile API
+from cake_cli.models.profile_schema import (  # noqa: F401 - re-exported: the public profile API
     SCHEMA_VERSION, Pooling, Profile, TauChoice, TauPoint, parse_profile)
 
 
@@ -31,13 +31,13 @@ def _shipped_dir() -> Path | None:
             return packaged
     except (ModuleNotFoundError, TypeError):  # pragma: no cover - zipped installs
         pass
-    repo = Path(__file__).resolve().parent.parent / "profiles"
+    repo = Path(__file__).resolve().parents[2] / "profiles"
     return repo if repo.is_dir() else None
 
 
 def profile_dirs() -> list[Path]:
     """Directories searched for ``*.yaml`` profiles, lowest precedence first (existing only)."""
-    from cake_cli.loader import cake_home  # lazy: loader imports this module
+    from cake_cli.models.loader import cake_home  # lazy: loader imports this module
 
     dirs = [_shipped_dir(), cake_home() / "profiles"]
     extra = os.environ.get("CAKE_PROFILES_DIR", "")

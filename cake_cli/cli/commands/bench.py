@@ -12,8 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from cake_cli import options as o
-from cake_cli.app import app, handled, stderr_console
+from cake_cli.cli import options as o
+from cake_cli.cli.app import app, handled, stderr_console
 from cake_cli.errors import UsageError
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print numbers.")
@@ -56,8 +56,8 @@ def speed(model: o.Model = None, budget: o.Budget = 256, window: o.Window = None
         from cake_cli.bench.speed import SPEED_METHODS, ratios, run_speed
         from cake_cli.bench.speed_report import speed_table
         from cake_cli.engine.attention import default_backend, use_cake_attention
-        from cake_cli.loader import load_model, profile_of
-        from cake_cli.runner import TaskRequest, cake_config_for
+        from cake_cli.models.loader import load_model, profile_of
+        from cake_cli.tasks.runner import TaskRequest, cake_config_for
 
         sizes = int_list(lengths, "--lengths")
         names = [m.strip() for m in methods.split(",") if m.strip()]
@@ -175,8 +175,8 @@ def _prepare(model, window, dtype, attention, threads, haystack, suite, budgets)
     from cake_cli.bench.datasets import HAYSTACKS, data_dir
     from cake_cli.bench.quality import Model as QualityModel
     from cake_cli.engine.attention import default_backend, use_cake_attention
-    from cake_cli.loader import load_model, profile_of
-    from cake_cli.runner import TaskRequest, cake_config_for, stop_token_ids
+    from cake_cli.models.loader import load_model, profile_of
+    from cake_cli.tasks.runner import TaskRequest, cake_config_for, stop_token_ids
 
     if haystack not in HAYSTACKS:
         raise UsageError(f"unknown haystack '{haystack}'", f"choose one of {', '.join(HAYSTACKS)}")

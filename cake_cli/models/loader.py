@@ -5,7 +5,7 @@ missing model gives a one-line error with the command that fetches it. Only the 
 and qwen2 families are accepted (``config.json``'s ``model_type``, checked before any weight is
 read), since the CAKE engine hooks their attention modules.
 
-torch and transformers are imported inside the functions, so ``import cake_cli.loader`` (and
+torch and transformers are imported inside the functions, so ``import cake_cli.models.loader`` (and
 ``cake --help``) stays fast.
 """
 
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cake_cli import embedded
+from cake_cli.models import gguf as embedded
 from cake_cli.errors import CakeError, UsageError
-from cake_cli.profiles import Profile, find_profile, unknown_profile_error
+from cake_cli.models.profiles import Profile, find_profile, unknown_profile_error
 
 if TYPE_CHECKING:
     import torch

@@ -1,0 +1,1 @@
+"""The command line: Typer app, shared options, rich report, commands (top layer)."""

@@ -1,1 +1,0 @@
-"""One module per command group; importing a module registers its commands on `cake_cli.app.app`."""

@@ -1,0 +1,1 @@
+"""Models: loading (profile, directory, GGUF, HF cache), GGUF conversion, profiles."""

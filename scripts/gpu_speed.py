@@ -24,9 +24,19 @@ from cake_cli.engine.generate import generate
 
 
 def llama31_8b_shape(max_positions: int) -> LlamaConfig:
-    return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=max_positions,
-                       rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    return LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=max_positions,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
 
 
 def main() -> None:
@@ -47,8 +57,10 @@ def main() -> None:
         model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
     backend = default_backend(device)
     use_cake_attention(model, backend)
-    print(f"model ready in {time.perf_counter() - t0:.1f} s, backend {backend}, "
-          f"{torch.cuda.get_device_name()}", file=sys.stderr)
+    print(
+        f"model ready in {time.perf_counter() - t0:.1f} s, backend {backend}, {torch.cuda.get_device_name()}",
+        file=sys.stderr,
+    )
     gen = torch.Generator(device="cpu").manual_seed(0)
     for n in lengths:
         ids = torch.randint(0, config.vocab_size, (1, n), generator=gen).to(device)
@@ -57,15 +69,23 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
             r = generate(model, ids, cake, max_new_tokens=args.new_tokens)
-            row = {"length": n, "method": name, "budget": args.budget if cake else None, "backend": backend,
-                   "prefill_seconds": round(r.prefill_seconds, 3),
-                   "decode_ms_per_token": round(1000 / r.decode_tokens_per_second, 3),
-                   "kv_bytes_kept": r.kv_bytes_kept, "kv_peak_prefill": r.kv_peak_prefill,
-                   "peak_gpu_bytes_over_weights": torch.cuda.max_memory_allocated() - base,
-                   "eviction_seconds": round(r.eviction_seconds, 3)}
+            row = {
+                "length": n,
+                "method": name,
+                "budget": args.budget if cake else None,
+                "backend": backend,
+                "prefill_seconds": round(r.prefill_seconds, 3),
+                "decode_ms_per_token": round(1000 / r.decode_tokens_per_second, 3),
+                "kv_bytes_kept": r.kv_bytes_kept,
+                "kv_peak_prefill": r.kv_peak_prefill,
+                "peak_gpu_bytes_over_weights": torch.cuda.max_memory_allocated() - base,
+                "eviction_seconds": round(r.eviction_seconds, 3),
+            }
             print(json.dumps(row), flush=True)
-            print(f"{name} @ {n}: prefill {row['prefill_seconds']} s, decode {row['decode_ms_per_token']} ms/token",
-                  file=sys.stderr)
+            print(
+                f"{name} @ {n}: prefill {row['prefill_seconds']} s, decode {row['decode_ms_per_token']} ms/token",
+                file=sys.stderr,
+            )
             del r
 
 

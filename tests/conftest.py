@@ -11,15 +11,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def tiny_llama(layers: int = 4, heads: int = 8, kv_heads: int = 2, head_dim: int = 8, vocab: int = 97,
-               seed: int = 0):
+def tiny_llama(layers: int = 4, heads: int = 8, kv_heads: int = 2, head_dim: int = 8, vocab: int = 97, seed: int = 0):
     """A random Llama-architecture model (fp32, eval) with GQA group heads // kv_heads."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=heads * head_dim, intermediate_size=4 * heads * head_dim,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         head_dim=head_dim, max_position_embeddings=4096, rope_theta=10000.0)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=heads * head_dim,
+        intermediate_size=4 * heads * head_dim,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+    )
     model = LlamaForCausalLM(config).eval()
     # larger weights make the attention less uniform, so eviction decisions are well separated
     with torch.no_grad():
@@ -45,12 +52,24 @@ def tiny_profile_dir(tmp_path_factory):
     model_dir = save_tiny_model(root / "model", layers=4, heads=8, kv_heads=2, hidden=64)
     profiles = root / "profiles"
     profiles.mkdir()
-    (profiles / "tiny-test.yaml").write_text(yaml.safe_dump({
-        "version": 1, "name": "tiny-test", "description": "tiny random Llama for CLI tests", "path": str(model_dir),
-        "dtype": "float32", "max_prompt_tokens": 1500, "window": 8, "gamma": 200.0,
-        "pooling": {"kind": "avg", "kernel": 5},
-        "taus": [{"budget": 32, "tau1": 1.0, "tau2": 1.0}, {"budget": 256, "tau1": 0.5, "tau2": 2.0}],
-        "tau_rule": "log-linear", "tau_source": "test values"}))
+    (profiles / "tiny-test.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "name": "tiny-test",
+                "description": "tiny random Llama for CLI tests",
+                "path": str(model_dir),
+                "dtype": "float32",
+                "max_prompt_tokens": 1500,
+                "window": 8,
+                "gamma": 200.0,
+                "pooling": {"kind": "avg", "kernel": 5},
+                "taus": [{"budget": 32, "tau1": 1.0, "tau2": 1.0}, {"budget": 256, "tau1": 0.5, "tau2": 2.0}],
+                "tau_rule": "log-linear",
+                "tau_source": "test values",
+            }
+        )
+    )
     return profiles
 
 

@@ -96,10 +96,15 @@ class MaskedReference:
             score = [sum(col) / w + cfg.gamma * _variance(col) for col in cols]
             per_head.append(_pool(score, cfg.pool_kind, cfg.pool_kernel))
         self.stats.append((h_l, v_l))
-        self.log_prefs.append(math.log(h_l) / cfg.tau1 + math.log(v_l) / cfg.tau2 if h_l > 0 and v_l > 0
-                              else float("-inf"))
-        self.indicators.append([[sum(per_head[kv * group + r][j] for r in range(group)) / group
-                                 for j in range(n - w)] for kv in range(self.num_kv)])
+        self.log_prefs.append(
+            math.log(h_l) / cfg.tau1 + math.log(v_l) / cfg.tau2 if h_l > 0 and v_l > 0 else float("-inf")
+        )
+        self.indicators.append(
+            [
+                [sum(per_head[kv * group + r][j] for r in range(group)) / group for j in range(n - w)]
+                for kv in range(self.num_kv)
+            ]
+        )
 
     def _finish_prefill(self, n):
         cfg, w = self.config, self.config.window
@@ -180,8 +185,9 @@ class MaskedReference:
             self.phase = "decode"
             logits = [out.logits[:, -1].float()]
             for t, token in enumerate(tokens[:-1]):
-                out = self.model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[n + t]]),
-                                 cache=cache, use_cache=True)
+                out = self.model(
+                    input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[n + t]]), cache=cache, use_cache=True
+                )
                 logits.append(out.logits[:, -1].float())
             return logits
         finally:

@@ -17,8 +17,12 @@ log_pref = st.one_of(st.floats(-50, 50), st.just(float("-inf")))
 
 
 @settings(max_examples=300, deadline=None)
-@given(logs=st.lists(log_pref, min_size=1, max_size=40), budget=st.integers(1, 600), window=st.integers(1, 64),
-       n=st.integers(2, 900))
+@given(
+    logs=st.lists(log_pref, min_size=1, max_size=40),
+    budget=st.integers(1, 600),
+    window=st.integers(1, 64),
+    n=st.integers(2, 900),
+)
 def test_cascade_budgets_are_integer_capped_monotone_and_sum(logs, budget, window, n):
     budget = max(budget, window)
     layers = len(logs)
@@ -53,8 +57,15 @@ def test_uniform_rounding_sums_exactly():
 
 
 @settings(max_examples=100, deadline=None)
-@given(layers=st.integers(1, 6), kv=st.integers(1, 3), n=st.integers(10, 60), window=st.integers(1, 8),
-       budget_frac=st.floats(0.05, 0.95), seed=st.integers(0, 2**16), ties=st.booleans())
+@given(
+    layers=st.integers(1, 6),
+    kv=st.integers(1, 3),
+    n=st.integers(10, 60),
+    window=st.integers(1, 8),
+    budget_frac=st.floats(0.05, 0.95),
+    seed=st.integers(0, 2**16),
+    ties=st.booleans(),
+)
 def test_cascade_equals_one_shot_top_k(layers, kv, n, window, budget_frac, seed, ties):
     """Thm. 1: evicting stage by stage keeps exactly the one-shot top-k with the final budgets."""
     gen = torch.Generator().manual_seed(seed)
@@ -68,8 +79,11 @@ def test_cascade_equals_one_shot_top_k(layers, kv, n, window, budget_frac, seed,
     for layer in range(layers):
         keys = torch.randn(1, kv, n, 4, generator=gen)
         cache.update(keys, keys.clone(), layer)
-        scores = torch.randint(0, 4, (kv, n - window), generator=gen).float() if ties else \
-            torch.rand(kv, n - window, generator=gen)
+        scores = (
+            torch.randint(0, 4, (kv, n - window), generator=gen).float()
+            if ties
+            else torch.rand(kv, n - window, generator=gen)
+        )
         indicators.append(scores)
         cascade.indicators[layer] = scores.clone()
         cascade.stats[layer] = LayerStats(1.0, 1.0, float(torch.randn(1, generator=gen)) * 3)

@@ -7,8 +7,14 @@ import re
 import pytest
 
 from cake_cli.bench.datasets import haystack_text
-from cake_cli.bench.needles import (NEEDLE_GAP, NEEDLE_TASKS, insert_at_depths, make_needle_case, needle_depths,
-                                    needle_facts)
+from cake_cli.bench.needles import (
+    NEEDLE_GAP,
+    NEEDLE_TASKS,
+    insert_at_depths,
+    make_needle_case,
+    needle_depths,
+    needle_facts,
+)
 from tests.tiny import build_tiny_tokenizer
 
 
@@ -18,8 +24,17 @@ def tok():
 
 
 def build(tok, task, depth, index=0, split="eval", doc_tokens=900):
-    return make_needle_case(task, split, index, depth, 1024, doc_tokens, tokenizer=tok,
-                            haystack=haystack_text("python-docs"), haystack_name="python-docs")
+    return make_needle_case(
+        task,
+        split,
+        index,
+        depth,
+        1024,
+        doc_tokens,
+        tokenizer=tok,
+        haystack=haystack_text("python-docs"),
+        haystack_name="python-docs",
+    )
 
 
 def span(case):
@@ -38,14 +53,16 @@ def test_needles_sit_at_the_requested_depth(tok, task, depth):
     inserted = [len(f" {n} ") for n in facts.needles]
     hay_chars = len(doc) - sum(inserted)
     hay_tokens = len(tok(doc, add_special_tokens=False)["input_ids"]) - sum(
-        len(tok(f" {n} ", add_special_tokens=False)["input_ids"]) for n in facts.needles)
+        len(tok(f" {n} ", add_special_tokens=False)["input_ids"]) for n in facts.needles
+    )
     targets = needle_depths(depth, len(facts.needles))
     for i, (needle, offset, target) in enumerate(zip(facts.needles, case.insert_offsets, targets)):
-        assert doc[offset:offset + len(needle)] == needle  # inserted verbatim where it says
+        assert doc[offset : offset + len(needle)] == needle  # inserted verbatim where it says
         before = offset - 1 - sum(inserted[:i])  # haystack characters before this needle
         assert abs(before / hay_chars - target) <= 0.025  # character fraction
-        before_tokens = len(tok(doc[:offset - 1], add_special_tokens=False)["input_ids"]) - sum(
-            len(tok(f" {n} ", add_special_tokens=False)["input_ids"]) for n in facts.needles[:i])
+        before_tokens = len(tok(doc[: offset - 1], add_special_tokens=False)["input_ids"]) - sum(
+            len(tok(f" {n} ", add_special_tokens=False)["input_ids"]) for n in facts.needles[:i]
+        )
         assert abs(before_tokens / hay_tokens - target) <= 0.04  # token fraction
     assert list(case.insert_offsets) == sorted(case.insert_offsets)  # needles keep their order
     assert abs(len(tok(doc, add_special_tokens=False)["input_ids"]) - 1500) <= 30  # sized as asked
@@ -67,8 +84,10 @@ def test_answer_is_recoverable_from_the_document(tok, task):
                 assert keyword in ref
         else:  # two hops: the question names the first needle's subject, the answer is in the second
             first, second = facts.needles
-            bridge = (set(re.findall(r"[A-Z][a-z]+(?: [A-Z][a-z]+)?", first)) &
-                      set(re.findall(r"[A-Z][a-z]+(?: [A-Z][a-z]+)?", second))) - {"The"}
+            bridge = (
+                set(re.findall(r"[A-Z][a-z]+(?: [A-Z][a-z]+)?", first))
+                & set(re.findall(r"[A-Z][a-z]+(?: [A-Z][a-z]+)?", second))
+            ) - {"The"}
             assert bridge, (first, second)
             assert case.keywords[0] in second and case.keywords[0] not in first
             assert not any(b in case.question for b in bridge)  # the question does not give the bridge away
@@ -87,8 +106,8 @@ def test_haystack_is_real_text_from_the_source(tok):
 def test_insert_at_depths_snaps_to_sentence_ends():
     text = "One two three. Four five six. Seven eight nine. Ten eleven twelve."
     doc, offsets = insert_at_depths(text, ["NEEDLE."], [0.5])
-    assert doc[offsets[0]:].startswith("NEEDLE.")
-    assert doc[:offsets[0]].rstrip().endswith(".")  # after a full sentence, no word split
+    assert doc[offsets[0] :].startswith("NEEDLE.")
+    assert doc[: offsets[0]].rstrip().endswith(".")  # after a full sentence, no word split
     assert doc.replace(" NEEDLE. ", "") == text
 
 

@@ -17,8 +17,22 @@ from cake_cli.cli.main import app
 from cake_cli.errors import UsageError
 
 runner = CliRunner()
-TINY = ["--model", "tiny-test", "--haystack", "python-docs", "--tasks", "s-rt,m-rt,m-rs", "--lengths", "400",
-        "--depths", "0.5", "--repeats", "1", "--threads", "1"]  # 1 thread: fastest on a busy CI box
+TINY = [
+    "--model",
+    "tiny-test",
+    "--haystack",
+    "python-docs",
+    "--tasks",
+    "s-rt,m-rt,m-rs",
+    "--lengths",
+    "400",
+    "--depths",
+    "0.5",
+    "--repeats",
+    "1",
+    "--threads",
+    "1",
+]  # 1 thread: fastest on a busy CI box
 
 
 @pytest.fixture
@@ -37,8 +51,21 @@ def count_prefills(monkeypatch):
 
 def test_quality_end_to_end_then_resume(cli_env, count_prefills):
     out = cli_env / "results.json"
-    args = ["bench", "quality", *TINY, "--budgets", "32,64", "--methods", "full,snapkv,cake",
-            "--pairings", "cake+snapkv", "--output", str(out), "--markdown", str(cli_env / "tables.md")]
+    args = [
+        "bench",
+        "quality",
+        *TINY,
+        "--budgets",
+        "32,64",
+        "--methods",
+        "full,snapkv,cake",
+        "--pairings",
+        "cake+snapkv",
+        "--output",
+        str(out),
+        "--markdown",
+        str(cli_env / "tables.md"),
+    ]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
     data = json.loads(out.read_text())
@@ -74,12 +101,13 @@ def test_quality_end_to_end_then_resume(cli_env, count_prefills):
     assert more.exit_code == 0, more.stderr
     rows3 = json.loads(out.read_text())["rows"]
     assert len(count_prefills) == 3
-    assert len(rows3) == len(rows) + 3 * 3 and rows3[:len(rows)] == rows
+    assert len(rows3) == len(rows) + 3 * 3 and rows3[: len(rows)] == rows
 
 
 def test_quality_json_summary(cli_env):
-    result = runner.invoke(app, ["bench", "quality", *TINY, "--tasks", "s-rt", "--budgets", "32",
-                                 "--methods", "full,cake", "--json"])
+    result = runner.invoke(
+        app, ["bench", "quality", *TINY, "--tasks", "s-rt", "--budgets", "32", "--methods", "full,cake", "--json"]
+    )
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert {"meta", "summary", "checks"} <= set(data)
@@ -87,14 +115,17 @@ def test_quality_json_summary(cli_env):
     assert ("overall", "cake", 32, None) in scores and ("s-rt", "full", 32, 400) in scores
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--methods", "cak"], "did you mean cake"),
-    (["--pairings", "cake+nope"], "unknown pairing"),
-    (["--tasks", "s-rt,xx"], "unknown task"),
-    (["--budgets", "4"], "smaller than the observation window"),
-    (["--depths", "1.5"], "--depths"),
-    (["--haystack", "nope"], "unknown haystack"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--methods", "cak"], "did you mean cake"),
+        (["--pairings", "cake+nope"], "unknown pairing"),
+        (["--tasks", "s-rt,xx"], "unknown task"),
+        (["--budgets", "4"], "smaller than the observation window"),
+        (["--depths", "1.5"], "--depths"),
+        (["--haystack", "nope"], "unknown haystack"),
+    ],
+)
 def test_quality_usage_errors(cli_env, extra, message):
     result = runner.invoke(app, ["bench", "quality", *TINY, "--budgets", "32", *extra])
     assert result.exit_code == 2, result.stderr
@@ -114,8 +145,25 @@ def test_tau_search_writes_the_profile(cli_env, tiny_profile_dir, tmp_path):
     profile = tmp_path / "tiny-test.yaml"
     original = (tiny_profile_dir / "tiny-test.yaml").read_text()
     profile.write_text("# a comment kept\n" + original)
-    result = runner.invoke(app, ["bench", "tau-search", *TINY, "--tasks", "s-rt,m-rs", "--budgets", "32",
-                                 "--tau1", "0.5,1", "--tau2", "1,2", "--write-profile", str(profile), "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "tau-search",
+            *TINY,
+            "--tasks",
+            "s-rt,m-rs",
+            "--budgets",
+            "32",
+            "--tau1",
+            "0.5,1",
+            "--tau2",
+            "1,2",
+            "--write-profile",
+            str(profile),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     (chosen,) = data["budgets"]
@@ -129,8 +177,9 @@ def test_tau_search_writes_the_profile(cli_env, tiny_profile_dir, tmp_path):
     assert points[32] == (chosen["best"]["tau1"], chosen["best"]["tau2"])
     assert points[256] == (0.5, 2.0)  # a budget not searched keeps its point
     assert written["tau_source"].startswith("cake bench tau-search") and "tune split" in written["tau_source"]
-    assert {k: v for k, v in written.items() if k not in ("taus", "tau_source")} == \
-        {k: v for k, v in yaml.safe_load(original).items() if k not in ("taus", "tau_source")}
+    assert {k: v for k, v in written.items() if k not in ("taus", "tau_source")} == {
+        k: v for k, v in yaml.safe_load(original).items() if k not in ("taus", "tau_source")
+    }
 
 
 def test_parse_variants_and_target_checks():
@@ -138,9 +187,16 @@ def test_parse_variants_and_target_checks():
     assert names == ["full", "cake", "cake+snapkv", "uniform+cake"]
     with pytest.raises(UsageError):
         parse_variants("", "")
-    rows = [{"task": "s-rt", "case_id": "a", "length": 100, "method": m, "budget": b, "score": s}
-            for m, b, s in [("full", None, 1.0), ("cake", 32, 0.96), ("snapkv", 32, 0.5),
-                            ("cake", 64, 0.4), ("snapkv", 64, 0.6)]]
+    rows = [
+        {"task": "s-rt", "case_id": "a", "length": 100, "method": m, "budget": b, "score": s}
+        for m, b, s in [
+            ("full", None, 1.0),
+            ("cake", 32, 0.96),
+            ("snapkv", 32, 0.5),
+            ("cake", 64, 0.4),
+            ("snapkv", 64, 0.6),
+        ]
+    ]
     summary = summarize(rows, ["full", "snapkv", "cake"], [32, 64])
     assert summary.get("overall", "full", 64) == 1.0  # full shown at every budget
     checks = target_checks(summary, at_budget=32, length=100)
@@ -150,15 +206,29 @@ def test_parse_variants_and_target_checks():
 
 def test_paired_counts_compare_the_same_cases():
     # two cases at one length; full has no budget and is compared at every budget
-    scores = {("a", "full", None): 1.0, ("a", "cake", 32): 0.5, ("a", "snapkv", 32): 0.5,
-              ("b", "full", None): 0.2, ("b", "cake", 32): 0.9, ("b", "snapkv", 32): 0.1,
-              ("a", "cake", 64): 1.0, ("a", "snapkv", 64): 0.7}  # case b has no B=64 answers: not counted
-    rows = [{"task": "s-rt", "case_id": c, "length": 100, "method": m, "budget": b, "score": s}
-            for (c, m, b), s in scores.items()]
+    scores = {
+        ("a", "full", None): 1.0,
+        ("a", "cake", 32): 0.5,
+        ("a", "snapkv", 32): 0.5,
+        ("b", "full", None): 0.2,
+        ("b", "cake", 32): 0.9,
+        ("b", "snapkv", 32): 0.1,
+        ("a", "cake", 64): 1.0,
+        ("a", "snapkv", 64): 0.7,
+    }  # case b has no B=64 answers: not counted
+    rows = [
+        {"task": "s-rt", "case_id": c, "length": 100, "method": m, "budget": b, "score": s}
+        for (c, m, b), s in scores.items()
+    ]
     summary = summarize(rows, ["full", "snapkv", "cake"], [32, 64])
-    assert summary.paired == {("full", 32): (1, 0, 1), ("snapkv", 32): (1, 1, 0),
-                              ("full", 64): (0, 1, 0), ("snapkv", 64): (1, 0, 0)}
+    assert summary.paired == {
+        ("full", 32): (1, 0, 1),
+        ("snapkv", 32): (1, 1, 0),
+        ("full", 64): (0, 1, 0),
+        ("snapkv", 64): (1, 0, 0),
+    }
     assert summary.paired_grid() == [["full", "1-0-1", "0-1-0"], ["snapkv", "1-1-0", "1-0-0"]]
-    assert {"method": "cake", "versus": "snapkv", "budget": 32, "wins": 1, "ties": 1, "losses": 0} \
-        in summary.to_json()["paired"]
+    assert {"method": "cake", "versus": "snapkv", "budget": 32, "wins": 1, "ties": 1, "losses": 0} in summary.to_json()[
+        "paired"
+    ]
     assert "| snapkv | 1-1-0 | 1-0-0 |" in markdown(summary)

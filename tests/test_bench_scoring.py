@@ -4,18 +4,30 @@ from __future__ import annotations
 
 import pytest
 
-from cake_cli.bench.scoring import (NEEDLE_WEIGHTS, TASK_WEIGHTS, f1_score, levenshtein_similarity,
-                                    multi_needle_score, needle_score, normalize_answer, qa_f1, score_answer,
-                                    weighted_overall)
+from cake_cli.bench.scoring import (
+    NEEDLE_WEIGHTS,
+    TASK_WEIGHTS,
+    f1_score,
+    levenshtein_similarity,
+    multi_needle_score,
+    needle_score,
+    normalize_answer,
+    qa_f1,
+    score_answer,
+    weighted_overall,
+)
 
 
-@pytest.mark.parametrize("a, b, expected", [
-    ("kitten", "sitting", 1 - 3 / 7),  # 3 edits, longer string 7
-    ("flaw", "lawn", 1 - 2 / 4),
-    ("abc", "abc", 1.0),
-    ("abc", "", 0.0),
-    ("", "", 1.0),
-])
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [
+        ("kitten", "sitting", 1 - 3 / 7),  # 3 edits, longer string 7
+        ("flaw", "lawn", 1 - 2 / 4),
+        ("abc", "abc", 1.0),
+        ("abc", "", 0.0),
+        ("", "", 1.0),
+    ],
+)
 def test_levenshtein_similarity(a, b, expected):
     assert levenshtein_similarity(a, b) == pytest.approx(expected)
 
@@ -42,11 +54,14 @@ def test_multi_needle_score_is_the_mean_over_needles():
         multi_needle_score("x", ["a", "b"], ["a"])
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("The  Eiffel-Tower!", "eiffeltower"),  # SQuAD drops punctuation without a space
-    ("A cat, an owl and THE dog.", "cat owl and dog"),
-    ("  ", ""),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The  Eiffel-Tower!", "eiffeltower"),  # SQuAD drops punctuation without a space
+        ("A cat, an owl and THE dog.", "cat owl and dog"),
+        ("  ", ""),
+    ],
+)
 def test_normalize_answer(text, expected):
     assert normalize_answer(text) == expected
 

@@ -48,8 +48,9 @@ def test_haystack_ranges_are_disjoint(tok):
     spans = {"eval": [], "tune": []}
     for split in spans:
         for index in range(6):
-            case = make_needle_case("s-rt", split, index, 0.5, 1024, 700, tokenizer=tok, haystack=text,
-                                    haystack_name="python-docs")
+            case = make_needle_case(
+                "s-rt", split, index, 0.5, 1024, 700, tokenizer=tok, haystack=text, haystack_name="python-docs"
+            )
             start, end = map(int, re.fullmatch(r"python-docs\[(\d+):(\d+)\]", case.source).groups())
             lo, hi = datasets.split_range(len(text), split)
             assert lo <= start < end <= hi
@@ -61,19 +62,44 @@ def test_haystack_ranges_are_disjoint(tok):
 
 def _fake_data(tmp_path, monkeypatch):
     """A data dir with tiny SQuAD / HotpotQA files in the real layouts (20 articles, 10 items)."""
-    squad = {"version": "v2.0", "data": [
-        {"title": f"Article_{a}", "paragraphs": [
-            {"context": f"Article {a} paragraph {p}. The capital of land{a}x{p} is City{a}x{p}.",
-             "qas": [{"id": f"q{a}-{p}", "question": f"What is the capital of land{a}x{p}?",
-                      "answers": [{"text": f"City{a}x{p}", "answer_start": 0}], "is_impossible": False},
-                     {"id": f"imp{a}-{p}", "question": "Unanswerable?", "answers": [], "is_impossible": True}]}
-            for p in range(4)]} for a in range(20)]}
-    hotpot = [{"_id": f"h{i}", "answer": f"Person{i}", "question": f"Who founded the company of item {i}?",
-               "supporting_facts": [[f"Gold A{i}", 0], [f"Gold B{i}", 0]],
-               "context": [[f"Gold A{i}", [f"Company{i} was founded by Person{i}."]],
-                           [f"Gold B{i}", [f"Item {i} is made by Company{i}."]]] +
-                          [[f"Other {i}-{k}", [f"Filler sentence {k} of item {i}."]] for k in range(8)]}
-              for i in range(10)]
+    squad = {
+        "version": "v2.0",
+        "data": [
+            {
+                "title": f"Article_{a}",
+                "paragraphs": [
+                    {
+                        "context": f"Article {a} paragraph {p}. The capital of land{a}x{p} is City{a}x{p}.",
+                        "qas": [
+                            {
+                                "id": f"q{a}-{p}",
+                                "question": f"What is the capital of land{a}x{p}?",
+                                "answers": [{"text": f"City{a}x{p}", "answer_start": 0}],
+                                "is_impossible": False,
+                            },
+                            {"id": f"imp{a}-{p}", "question": "Unanswerable?", "answers": [], "is_impossible": True},
+                        ],
+                    }
+                    for p in range(4)
+                ],
+            }
+            for a in range(20)
+        ],
+    }
+    hotpot = [
+        {
+            "_id": f"h{i}",
+            "answer": f"Person{i}",
+            "question": f"Who founded the company of item {i}?",
+            "supporting_facts": [[f"Gold A{i}", 0], [f"Gold B{i}", 0]],
+            "context": [
+                [f"Gold A{i}", [f"Company{i} was founded by Person{i}."]],
+                [f"Gold B{i}", [f"Item {i} is made by Company{i}."]],
+            ]
+            + [[f"Other {i}-{k}", [f"Filler sentence {k} of item {i}."]] for k in range(8)],
+        }
+        for i in range(10)
+    ]
     (tmp_path / "squad.json").write_text(json.dumps(squad))
     (tmp_path / "hotpotqa.json").write_text(json.dumps(hotpot))
     (tmp_path / "PaulGrahamEssays.json").write_text(json.dumps({"text": "Essay text. " * 2000}))
@@ -113,7 +139,7 @@ def test_qa_case_holds_gold_at_depth_among_same_split_paragraphs(fake_data, tok,
     allowed = {p.text for p in pool}
     assert all(p in allowed for p in paragraphs)  # nothing from the other split
     for gold, offset in zip(item.gold, case.insert_offsets):
-        assert case.document[offset:offset + len(gold.text)] == gold.text
+        assert case.document[offset : offset + len(gold.text)] == gold.text
     # at the paragraph boundary nearest to the depth
     assert abs(case.insert_offsets[0] / len(case.document) - 0.5) <= 1 / len(paragraphs) + 0.05
     assert any(a in case.document for a in case.references)  # the answer is in the gold paragraph(s)
@@ -144,8 +170,10 @@ def test_real_cases_of_the_two_splits_share_no_text(tok):
     from cake_cli.bench.quality import Model
 
     model = Model(None, tok, 2000, frozenset())
-    docs = {s: [build_case(model, t, s, i, 0.5, 1200, "essays") for t in ("s-rt", "qa") for i in range(2)]
-            for s in ("eval", "tune")}
+    docs = {
+        s: [build_case(model, t, s, i, 0.5, 1200, "essays") for t in ("s-rt", "qa") for i in range(2)]
+        for s in ("eval", "tune")
+    }
     for a in docs["eval"]:
         for b in docs["tune"]:
             assert a.question != b.question

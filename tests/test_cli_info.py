@@ -21,8 +21,21 @@ def test_env_json(cli_env):
     result = runner.invoke(app, ["env", "--json"])
     assert result.exit_code == 0 and result.stderr == ""
     data = json.loads(result.stdout)
-    for key in ("cake_cli", "python", "torch", "transformers", "device", "cuda", "attention_backends",
-                "default_attention", "flash_attn", "cache_dir", "profile_dirs", "embedded_model", "environment"):
+    for key in (
+        "cake_cli",
+        "python",
+        "torch",
+        "transformers",
+        "device",
+        "cuda",
+        "attention_backends",
+        "default_attention",
+        "flash_attn",
+        "cache_dir",
+        "profile_dirs",
+        "embedded_model",
+        "environment",
+    ):
         assert key in data
     assert data["cake_cli"] == __version__
     assert set(data["attention_backends"]) == {"eager", "sdpa", "flash_attention_2"}

@@ -28,21 +28,32 @@ def doc(cli_env):
 @pytest.fixture
 def engine_rows(doc):
     """Prefill the same prompt directly through the engine: the oracle for the CLI's numbers."""
-    from cake_cli.tasks.documents import load_document
     from cake_cli.engine.attention import use_cake_attention
     from cake_cli.engine.config import CakeConfig
     from cake_cli.engine.generate import prefill
     from cake_cli.models.loader import load_model
+    from cake_cli.tasks.documents import load_document
     from cake_cli.tasks.templates import build_prompt, load_template
 
     loaded = load_model("tiny-test")
     use_cake_attention(loaded.model, "sdpa")
     profile = loaded.profile
-    prompt = build_prompt(loaded.tokenizer, load_template("summarize"), load_document(str(doc)).text,
-                          max_prompt_tokens=profile.max_prompt_tokens)
+    prompt = build_prompt(
+        loaded.tokenizer,
+        load_template("summarize"),
+        load_document(str(doc)).text,
+        max_prompt_tokens=profile.max_prompt_tokens,
+    )
     taus = profile.taus_for(B)
-    config = CakeConfig(budget=B, window=W, tau1=taus.tau1, tau2=taus.tau2, gamma=profile.gamma,
-                        pool_kind=profile.pooling.kind, pool_kernel=profile.pooling.kernel)
+    config = CakeConfig(
+        budget=B,
+        window=W,
+        tau1=taus.tau1,
+        tau2=taus.tau2,
+        gamma=profile.gamma,
+        pool_kind=profile.pooling.kind,
+        pool_kernel=profile.pooling.kernel,
+    )
     return prefill(loaded.model, torch.tensor([prompt.input_ids]), config).rows()
 
 
@@ -95,8 +106,9 @@ def test_default_document_is_the_packaged_sample(cli_env):
 
 
 def test_stdin_and_nothing_evicted_when_the_prompt_fits(cli_env):
-    result = runner.invoke(app, ["inspect-layers", "-", "-m", "tiny-test", "-b", "1024", "--json"],
-                           input="A short note about caches.")
+    result = runner.invoke(
+        app, ["inspect-layers", "-", "-m", "tiny-test", "-b", "1024", "--json"], input="A short note about caches."
+    )
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert not data["evicted"] and data["budget_sum"] is None and data["saved_fraction"] == 0
@@ -114,8 +126,10 @@ def test_missing_weights_give_the_download_command(cli_env, monkeypatch, tmp_pat
     assert "hf download mistralai/Mistral-7B-Instruct-v0.3" in lines[0]
 
 
-@pytest.mark.parametrize("args, code", [(["-b", "4"], 2), (["-w", "0"], 2), (["--truncate", "x"], 2),
-                                        (["missing.txt"], 1), (["-m", "no-such-model"], 1)])
+@pytest.mark.parametrize(
+    "args, code",
+    [(["-b", "4"], 2), (["-w", "0"], 2), (["--truncate", "x"], 2), (["missing.txt"], 1), (["-m", "no-such-model"], 1)],
+)
 def test_bad_input_exit_codes(cli_env, args, code):
     result = runner.invoke(app, ["inspect-layers", *(["-m", "tiny-test"] if "-m" not in args else []), *args])
     assert result.exit_code == code and result.stdout == "" and "Traceback" not in result.stderr

@@ -26,9 +26,15 @@ def run_json(*args):
     return json.loads(result.stdout), result
 
 
-@pytest.mark.parametrize("method, allocation, indicator", [("snapkv", "uniform", "snapkv"),
-                                                          ("pyramidkv", "pyramid", "snapkv"),
-                                                          ("h2o", "uniform", "h2o"), ("cake", "cake", "cake")])
+@pytest.mark.parametrize(
+    "method, allocation, indicator",
+    [
+        ("snapkv", "uniform", "snapkv"),
+        ("pyramidkv", "pyramid", "snapkv"),
+        ("h2o", "uniform", "h2o"),
+        ("cake", "cake", "cake"),
+    ],
+)
 def test_methods_pair_an_allocation_with_an_indicator(doc, method, allocation, indicator):
     data, _ = run_json("summarize", str(doc), "-b", "48", "--method", method)
     assert (data["method"], data["allocation"], data["indicator"]) == (method, allocation, indicator)
@@ -80,14 +86,17 @@ def test_ctrl_c_exits_130_without_traceback(doc, monkeypatch):
     assert result.exit_code == 130 and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("args, code, words", [
-    (["--method", "magic"], 2, "unknown method"),
-    (["--allocation", "random"], 2, "unknown allocation"),
-    (["--indicator", "vibes"], 2, "unknown indicator"),
-    (["-b", "0"], 2, "budget"),
-    (["-b", "-5"], 2, "budget"),
-    (["-w", "0"], 2, "window"),
-])
+@pytest.mark.parametrize(
+    "args, code, words",
+    [
+        (["--method", "magic"], 2, "unknown method"),
+        (["--allocation", "random"], 2, "unknown allocation"),
+        (["--indicator", "vibes"], 2, "unknown indicator"),
+        (["-b", "0"], 2, "budget"),
+        (["-b", "-5"], 2, "budget"),
+        (["-w", "0"], 2, "window"),
+    ],
+)
 def test_bad_options_are_usage_errors(doc, args, code, words):
     result = runner.invoke(app, ["summarize", str(doc), "-m", "tiny-test", *args])
     assert result.exit_code == code, result.stderr

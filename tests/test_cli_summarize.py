@@ -34,8 +34,22 @@ def test_summarize_json_schema(doc):
     result = runner.invoke(app, ["summarize", str(doc), "-m", "tiny-test", "-b", "64", "-n", "8", "--json"])
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
-    for key in ("answer", "model", "prompt_tokens", "budget", "window", "tau1", "tau2", "tau_rule", "layers",
-                "kv_bytes_full", "kv_bytes_kept", "saved_fraction", "prefill_seconds", "decode_tokens_per_second"):
+    for key in (
+        "answer",
+        "model",
+        "prompt_tokens",
+        "budget",
+        "window",
+        "tau1",
+        "tau2",
+        "tau_rule",
+        "layers",
+        "kv_bytes_full",
+        "kv_bytes_kept",
+        "saved_fraction",
+        "prefill_seconds",
+        "decode_tokens_per_second",
+    ):
         assert key in data
     assert data["budget"] == 64 and data["window"] == 8 and data["evicted"] is True
     assert len(data["layers"]) == 4
@@ -61,12 +75,15 @@ def test_summarize_reads_stdin(doc):
     assert json.loads(via_stdin.stdout)["prompt_tokens"] == json.loads(via_file.stdout)["prompt_tokens"]
 
 
-@pytest.mark.parametrize("args, code, words", [
-    (["summarize", "missing.txt", "-m", "tiny-test"], 1, "missing.txt"),
-    (["summarize", "{doc}", "-m", "tiny-test", "-b", "4"], 2, "window"),
-    (["summarize", "{doc}", "-m", "no-such-model"], 1, "no-such-model"),
-    (["summarize", "{doc}", "-m", "tiny-test", "--decode-policy", "shrink"], 2, "decode policy"),
-])
+@pytest.mark.parametrize(
+    "args, code, words",
+    [
+        (["summarize", "missing.txt", "-m", "tiny-test"], 1, "missing.txt"),
+        (["summarize", "{doc}", "-m", "tiny-test", "-b", "4"], 2, "window"),
+        (["summarize", "{doc}", "-m", "no-such-model"], 1, "no-such-model"),
+        (["summarize", "{doc}", "-m", "tiny-test", "--decode-policy", "shrink"], 2, "decode policy"),
+    ],
+)
 def test_bad_input_is_one_line_without_traceback(doc, args, code, words):
     result = runner.invoke(app, [a.replace("{doc}", str(doc)) for a in args])
     assert result.exit_code == code

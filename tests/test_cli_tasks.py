@@ -31,8 +31,11 @@ def doc(cli_env):
 @pytest.fixture
 def code_file(cli_env):
     path = cli_env / "wrap.py"
-    path.write_text("import textwrap\n\n\ndef wrap(text, width=70):\n    lines = textwrap.wrap(text, width)\n"
-                    "    return '\\n'.join(lines)\n\n\ndef shout(text):\n    return text.upper()\n", encoding="utf-8")
+    path.write_text(
+        "import textwrap\n\n\ndef wrap(text, width=70):\n    lines = textwrap.wrap(text, width)\n"
+        "    return '\\n'.join(lines)\n\n\ndef shout(text):\n    return text.upper()\n",
+        encoding="utf-8",
+    )
     return path
 
 
@@ -85,8 +88,20 @@ def test_qa_json_schema_and_stdin(doc):
     via_stdin = invoke("qa", "-", "Who?", *TINY, "-n", "6", "--json", input=doc.read_text())
     assert via_file.exit_code == 0 and via_stdin.exit_code == 0, via_stdin.stderr
     data = json.loads(via_file.stdout)
-    for key in ("task", "answer", "model", "prompt_tokens", "budget", "window", "layers", "saved_fraction",
-                "location", "raw_answer", "warnings", "cake_cli_version"):
+    for key in (
+        "task",
+        "answer",
+        "model",
+        "prompt_tokens",
+        "budget",
+        "window",
+        "layers",
+        "saved_fraction",
+        "location",
+        "raw_answer",
+        "warnings",
+        "cake_cli_version",
+    ):
         assert key in data
     assert data["task"] == "qa" and data["budget"] == 64 and data["window"] == 8 and data["evicted"]
     assert data["location"] is None and data["raw_answer"] is None
@@ -212,12 +227,15 @@ def test_complete_reads_stdin(code_file):
     assert json.loads(via_stdin.stdout)["raw_answer"] == json.loads(via_file.stdout)["raw_answer"]
 
 
-@pytest.mark.parametrize("args, code, words", [
-    (["--at", "1"], 2, "--at"),
-    (["--at", "99"], 2, "outside the file"),
-    (["--lines", "0"], 2, "--lines"),
-    (["-n", "0"], 2, "--max-new-tokens"),
-])
+@pytest.mark.parametrize(
+    "args, code, words",
+    [
+        (["--at", "1"], 2, "--at"),
+        (["--at", "99"], 2, "outside the file"),
+        (["--lines", "0"], 2, "--lines"),
+        (["-n", "0"], 2, "--max-new-tokens"),
+    ],
+)
 def test_complete_usage_errors(code_file, args, code, words):
     one_error_line(invoke("complete", code_file, *TINY, *args), code, words)
 

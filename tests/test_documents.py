@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
+from cake_cli.errors import CakeError
 from cake_cli.tasks import documents
 from cake_cli.tasks.documents import Document, join_pages, load_document, normalize_text, page_of_offset
-from cake_cli.errors import CakeError
 from cake_cli.tasks.pdf import format_pages, rejoin_hyphenated
 
 LICENSE = (Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt").read_text(encoding="utf-8")
@@ -74,8 +74,10 @@ def test_pdf_keeps_words_and_spaces(license_pdf):
     assert words_in_order(SOURCE, doc.text) >= 0.99
     # Long runs survive verbatim with their spaces (only line wrapping may differ).
     flat = " ".join(doc.text.split())
-    for sentence in ("Python was created in the early 1990s by Guido van Rossum at Stichting",
-                     "In 1995, Guido continued his work on Python at the Corporation for National"):
+    for sentence in (
+        "Python was created in the early 1990s by Guido van Rossum at Stichting",
+        "In 1995, Guido continued his work on Python at the Corporation for National",
+    ):
         assert sentence in flat
     source_tokens = set(SOURCE.split())
     glued = [t for t in doc.text.split() if len(t) >= 25 and t not in source_tokens]
@@ -120,18 +122,21 @@ def test_join_pages_offsets_match_a_slow_scan(pages):
     for number, page in enumerate(pages, 1):
         if page.strip():
             start = offsets[number - 1]
-            assert text[start:start + len(page)] == page
+            assert text[start : start + len(page)] == page
             assert {page_of_offset(doc, i) for i in range(start, start + len(page))} == {number}
 
 
-@pytest.mark.parametrize(("raw", "joined"), [
-    ("docu\ufffementation", "documentation"),
-    ("über\ufffeall", "überall"),
-    ("S\ufffePlus", "S-Plus"),
-    ("day-to\ufffeday", "day-to-day"),
-    ("--gen\ufffeerror", "--gen-error"),
-    ("R 4.2\ufffe1", "R 4.2-1"),
-])
+@pytest.mark.parametrize(
+    ("raw", "joined"),
+    [
+        ("docu\ufffementation", "documentation"),
+        ("über\ufffeall", "überall"),
+        ("S\ufffePlus", "S-Plus"),
+        ("day-to\ufffeday", "day-to-day"),
+        ("--gen\ufffeerror", "--gen-error"),
+        ("R 4.2\ufffe1", "R 4.2-1"),
+    ],
+)
 def test_rejoin_hyphenated(raw, joined):
     assert rejoin_hyphenated(raw) == joined
 
@@ -152,11 +157,15 @@ def test_pdf_with_empty_user_password_opens_without_one(tmp_path):
 NO_CRYPTOGRAPHY = importlib.util.find_spec("cryptography") is None  # fpdf2 needs it for AES
 
 
-@pytest.mark.parametrize("method", [
-    EncryptionMethod.RC4,
-    pytest.param(EncryptionMethod.AES_256,
-                 marks=pytest.mark.skipif(NO_CRYPTOGRAPHY, reason="fpdf2 AES needs cryptography")),
-])
+@pytest.mark.parametrize(
+    "method",
+    [
+        EncryptionMethod.RC4,
+        pytest.param(
+            EncryptionMethod.AES_256, marks=pytest.mark.skipif(NO_CRYPTOGRAPHY, reason="fpdf2 AES needs cryptography")
+        ),
+    ],
+)
 def test_pdf_with_user_password(tmp_path, method):
     encryption = {"owner_password": "owner", "user_password": "s3cret", "encryption_method": method}
     path = write_pdf(tmp_path / "locked.pdf", [SOURCE[:1500]], encryption)
@@ -289,8 +298,7 @@ def test_empty_or_whitespace_stdin(data):
     assert "nothing to read" in load_error("-", stdin=io.BytesIO(data)).message
 
 
-@pytest.mark.parametrize("data", [b"PK\x03\x04\x14\x00\x00\x00" + bytes(range(256)) * 4,
-                                  bytes(range(1, 32)) * 100])
+@pytest.mark.parametrize("data", [b"PK\x03\x04\x14\x00\x00\x00" + bytes(range(256)) * 4, bytes(range(1, 32)) * 100])
 def test_binary_input(tmp_path, data):
     path = tmp_path / "report.docx"
     path.write_bytes(data)
@@ -349,12 +357,16 @@ def test_normalize_is_idempotent(text):
 # --- real PDFs from Debian packages (present only where installed) -------------------------
 
 
-@pytest.mark.parametrize(("path", "phrase"), [
-    ("debian-history/docs/project-history.en.pdf",
-     "The Debian Project was officially founded by Ian Murdock"),
-    ("debian/FAQ/debian-faq.en.pdf.gz",  # pypdf 7.1 glues these words ("packagemaintenance…")
-     "the Debian package maintenance system is unique and particularly"),
-])
+@pytest.mark.parametrize(
+    ("path", "phrase"),
+    [
+        ("debian-history/docs/project-history.en.pdf", "The Debian Project was officially founded by Ian Murdock"),
+        (
+            "debian/FAQ/debian-faq.en.pdf.gz",  # pypdf 7.1 glues these words ("packagemaintenance…")
+            "the Debian package maintenance system is unique and particularly",
+        ),
+    ],
+)
 def test_real_debian_pdf(tmp_path, path, phrase):
     source = DEBIAN_DOCS / path
     if not source.exists():

@@ -22,8 +22,7 @@ def test_no_eviction_equals_plain_generation(tiny_model, policy):
     plain = tiny_model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
     plain_logits = tiny_model(ids).logits[:, -1].float()
     use_cake_attention(tiny_model, "sdpa")
-    result = generate(tiny_model, ids, CakeConfig(budget=60 + new, window=8, decode_policy=policy),
-                      max_new_tokens=new)
+    result = generate(tiny_model, ids, CakeConfig(budget=60 + new, window=8, decode_policy=policy), max_new_tokens=new)
     assert not result.evicted
     assert list(result.token_ids) == plain[0, 60:].tolist()
     torch.testing.assert_close(result.first_logits, plain_logits, atol=1e-5, rtol=0)
@@ -78,12 +77,16 @@ def test_multi_token_continuation_after_eviction_matches_single_steps(tiny_model
             one = prefill(tiny_model, ids, config)
             assert len(set(one.lengths)) > 1
             one.cache.policy = None
-            together = tiny_model(input_ids=extra, position_ids=torch.arange(72, 77)[None], cache=one.cache,
-                                  cake=one.cache).logits[0].float()
+            together = (
+                tiny_model(input_ids=extra, position_ids=torch.arange(72, 77)[None], cache=one.cache, cake=one.cache)
+                .logits[0]
+                .float()
+            )
             two = prefill(tiny_model, ids, config)
             two.cache.policy = None
-            steps = torch.cat([_forward(tiny_model, two.cache, extra[:, i:i + 1], 72 + i, None)
-                               for i in range(5)]).float()
+            steps = torch.cat(
+                [_forward(tiny_model, two.cache, extra[:, i : i + 1], 72 + i, None) for i in range(5)]
+            ).float()
         torch.testing.assert_close(together, steps, atol=1e-4, rtol=0)
         # positions are the true ones, not the compressed length
         assert one.cache.layers[0].positions[0, -5:].tolist() == [72, 73, 74, 75, 76]

@@ -18,9 +18,9 @@ from cake_cli.engine.cache import NonFiniteError
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import generate, prefill
 from cake_cli.engine.preference import dispersion, log_preference, shift, variance_rows
-from tests.reference import MaskedReference
 from cake_cli.engine.window import window_attention
 from tests.conftest import tiny_llama
+from tests.reference import MaskedReference
 
 _models: dict = {}
 
@@ -36,12 +36,19 @@ shapes = st.tuples(st.integers(1, 3), st.sampled_from([(1, 1), (1, 7), (2, 1), (
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shape=shapes, n=st.integers(2, 40), window=st.integers(1, 8), extra=st.integers(0, 30),
-       tau1=st.floats(0.2, 2.0), tau2=st.floats(0.4, 3.0), gamma=st.sampled_from([0.0, 1.0, 200.0]),
-       policy=st.sampled_from(["fixed", "grow"]), backend=st.sampled_from(["eager", "sdpa"]),
-       seed=st.integers(0, 1000))
-def test_random_shapes_match_the_masking_reference(shape, n, window, extra, tau1, tau2, gamma, policy, backend,
-                                                   seed):
+@given(
+    shape=shapes,
+    n=st.integers(2, 40),
+    window=st.integers(1, 8),
+    extra=st.integers(0, 30),
+    tau1=st.floats(0.2, 2.0),
+    tau2=st.floats(0.4, 3.0),
+    gamma=st.sampled_from([0.0, 1.0, 200.0]),
+    policy=st.sampled_from(["fixed", "grow"]),
+    backend=st.sampled_from(["eager", "sdpa"]),
+    seed=st.integers(0, 1000),
+)
+def test_random_shapes_match_the_masking_reference(shape, n, window, extra, tau1, tau2, gamma, policy, backend, seed):
     layers, (kv_heads, group) = shape
     model = model_for(layers, kv_heads, group)
     use_cake_attention(model, backend)
@@ -71,7 +78,7 @@ def test_statistics_are_finite_with_zeros_and_low_precision(dtype):
     gen = torch.Generator().manual_seed(0)
     query = (torch.randn(8, 4, 16, generator=gen) * 30).to(dtype)  # sharp attention: many exact zeros
     key = (torch.randn(2, 50, 16, generator=gen) * 30).to(dtype)
-    a = window_attention(query, key, 16 ** -0.5)
+    a = window_attention(query, key, 16**-0.5)
     assert a.dtype == torch.float32 and (a == 0).any()
     a_ev = a[:, :, :46]
     h, v = dispersion(a_ev), shift(variance_rows(a_ev))
@@ -106,8 +113,9 @@ def test_batch_larger_than_one_is_refused(tiny_model):
 def test_tiny_prompts_and_budgets(tiny_model):
     use_cake_attention(tiny_model, "sdpa")
     for n, budget, window in [(1, 1, 1), (2, 1, 1), (2, 2, 1), (3, 1, 1), (5, 8, 8), (40, 9, 8)]:
-        r = generate(tiny_model, torch.randint(0, 97, (1, n)), CakeConfig(budget=budget, window=window),
-                     max_new_tokens=3)
+        r = generate(
+            tiny_model, torch.randint(0, 97, (1, n)), CakeConfig(budget=budget, window=window), max_new_tokens=3
+        )
         kept = [row.kept for row in r.layers]
         assert all(k >= 1 for k in kept), (n, budget, window)
         assert len(r.token_ids) == 3

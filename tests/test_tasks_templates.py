@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cake_cli.tasks import templates as tasks
 from cake_cli.errors import CakeError, UsageError
+from cake_cli.tasks import templates as tasks
 from cake_cli.tasks.templates import build_prompt, load_template
 from tests.conftest import license_text
 from tests.tiny import build_tiny_tokenizer
@@ -39,15 +39,18 @@ def test_template_flags():
     assert load_template("summarize").chat and load_template("summarize").output == "text"
 
 
-@pytest.mark.parametrize("body, words", [
-    ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\ncolour: red\n", "unknown or missing keys"),
-    ("version: 2\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\n", "version 2"),
-    ("version: 1\ntask: t\nuser: 'no document here'\nmax_new_tokens: 5\n", "must use {document}"),
-    ("version: 1\ntask: t\nuser: '{document} {question}'\nmax_new_tokens: 5\n", "declared fields"),
-    ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\noutput: html\n", "'output'"),
-    ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\nchat: maybe\n", "'chat'"),
-    ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\nfields: question\n", "'fields'"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\ncolour: red\n", "unknown or missing keys"),
+        ("version: 2\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\n", "version 2"),
+        ("version: 1\ntask: t\nuser: 'no document here'\nmax_new_tokens: 5\n", "must use {document}"),
+        ("version: 1\ntask: t\nuser: '{document} {question}'\nmax_new_tokens: 5\n", "declared fields"),
+        ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\noutput: html\n", "'output'"),
+        ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\nchat: maybe\n", "'chat'"),
+        ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\nfields: question\n", "'fields'"),
+    ],
+)
 def test_bad_templates_are_one_line_errors(tmp_path, monkeypatch, body, words):
     (tmp_path / "t.yaml").write_text(body)
     monkeypatch.setattr(tasks, "template_dir", lambda: tmp_path)
@@ -57,8 +60,9 @@ def test_bad_templates_are_one_line_errors(tmp_path, monkeypatch, body, words):
 
 
 def test_qa_question_ends_the_prompt(tokenizer):
-    prompt = build_prompt(tokenizer, load_template("qa"), "A short document.", max_prompt_tokens=1000,
-                          question=QUESTION)
+    prompt = build_prompt(
+        tokenizer, load_template("qa"), "A short document.", max_prompt_tokens=1000, question=QUESTION
+    )
     assert decoded(tokenizer, prompt).endswith(f"Question: {QUESTION}{ASSISTANT_TAIL}")
     assert not prompt.truncated and prompt.warnings == ()
 
@@ -78,8 +82,9 @@ def test_qa_truncates_only_the_document(tokenizer):
 
 def test_qa_truncate_error_refuses(tokenizer):
     with pytest.raises(CakeError) as err:
-        build_prompt(tokenizer, load_template("qa"), license_text(), max_prompt_tokens=400, truncate="error",
-                     question=QUESTION)
+        build_prompt(
+            tokenizer, load_template("qa"), license_text(), max_prompt_tokens=400, truncate="error", question=QUESTION
+        )
     assert err.value.exit_code == 1 and "--truncate middle" in err.value.one_line()
 
 

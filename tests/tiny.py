@@ -40,17 +40,34 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(_CORPUS * 4, trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
-        pad_token="<|endoftext|>", unk_token="<|endoftext|>", chat_template=CHAT_TEMPLATE)
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+    )
 
 
-def save_tiny_model(dir, *, layers: int = 4, heads: int = 8, kv_heads: int = 2,
-                    hidden: int = 64, vocab: int | None = None, arch: str = "llama",
-                    max_positions: int = 8192, seed: int = 0) -> Path:
+def save_tiny_model(
+    dir,
+    *,
+    layers: int = 4,
+    heads: int = 8,
+    kv_heads: int = 2,
+    hidden: int = 64,
+    vocab: int | None = None,
+    arch: str = "llama",
+    max_positions: int = 8192,
+    seed: int = 0,
+) -> Path:
     """Save a tiny random causal LM + tokenizer into ``dir`` (created) and return it as a Path.
 
     Args:
@@ -72,11 +89,13 @@ def save_tiny_model(dir, *, layers: int = 4, heads: int = 8, kv_heads: int = 2,
     vocab = vocab or len(tokenizer)
     if vocab < len(tokenizer):
         raise ValueError(f"vocab {vocab} is smaller than the tokenizer's {len(tokenizer)}")
-    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               pad_token_id=tokenizer.pad_token_id)
+    ids = dict(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     if arch == "gpt2":
-        config = transformers.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers,
-                                         n_head=heads, n_positions=max_positions, **ids)
+        config = transformers.GPT2Config(
+            vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=max_positions, **ids
+        )
         cls = transformers.GPT2LMHeadModel
     else:
         config_cls, cls = {
@@ -85,9 +104,16 @@ def save_tiny_model(dir, *, layers: int = 4, heads: int = 8, kv_heads: int = 2,
             "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         }[arch]
         config = config_cls(
-            vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-            max_position_embeddings=max_positions, tie_word_embeddings=False, **ids)
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=False,
+            **ids,
+        )
     torch.manual_seed(seed)
     model = cls(config).eval()
     model.save_pretrained(d)

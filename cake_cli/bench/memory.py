@@ -40,4 +40,3 @@ class PeakRss:
         if self._thread is not None:
             self._thread.join()
         self.peak = max(self.peak, rss_bytes())
-

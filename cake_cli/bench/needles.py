@@ -24,8 +24,28 @@ NEEDLE_TASKS = ("s-rt", "m-rt", "m-rs")
 NEEDLE_GAP = 0.1  # fraction of the document between consecutive needles (NeedleBench's `diff`)
 SNAP_CHARS = 400  # a needle moves back at most this many characters to a sentence end
 
-_ONSETS = ("Bar", "Cor", "Dal", "Fen", "Gar", "Hol", "Jor", "Kel", "Lor", "Mar",
-           "Nor", "Per", "Quin", "Ros", "Sel", "Tor", "Val", "Wen", "Zan", "Brel")
+_ONSETS = (
+    "Bar",
+    "Cor",
+    "Dal",
+    "Fen",
+    "Gar",
+    "Hol",
+    "Jor",
+    "Kel",
+    "Lor",
+    "Mar",
+    "Nor",
+    "Per",
+    "Quin",
+    "Ros",
+    "Sel",
+    "Tor",
+    "Val",
+    "Wen",
+    "Zan",
+    "Brel",
+)
 _MIDDLES = ("a", "e", "i", "o", "u", "an", "en", "is", "or", "ul")
 _ENDINGS = ("brook", "moor", "hollow", "ford", "wick", "stead", "mere", "vale", "holt", "crest", "dun", "ridge")
 _FIRST_ENDINGS = ("do", "na", "rik", "via", "los", "mira", "ten", "sa", "vin", "rel")
@@ -98,8 +118,10 @@ class _Names:
 
     def person(self) -> str:
         r = self.rng
-        return self._unique(lambda: f"{r.choice(self.onsets)}{r.choice(_FIRST_ENDINGS)} "
-                                    f"{r.choice(self.onsets)}{r.choice(_MIDDLES)}{r.choice(_ENDINGS)}")
+        return self._unique(
+            lambda: f"{r.choice(self.onsets)}{r.choice(_FIRST_ENDINGS)} "
+            f"{r.choice(self.onsets)}{r.choice(_MIDDLES)}{r.choice(_ENDINGS)}"
+        )
 
     def code(self) -> str:
         return self._unique(lambda: str(self.rng.randint(*self.codes)))
@@ -141,7 +163,7 @@ def needle_facts(task: str, split: str, index: int) -> Facts:
         if kind == 0:
             places, codes = [n.place() for _ in range(3)], [n.code() for _ in range(3)]
             needles = tuple(f"The secret passcode of the {p} vault is {c}." for p, c in zip(places, codes))
-            question = (f"What are the secret passcodes of the {places[0]}, {places[1]} and {places[2]} vaults?")
+            question = f"What are the secret passcodes of the {places[0]}, {places[1]} and {places[2]} vaults?"
             return Facts(needles, question, needles, tuple(codes))
         people, codes = [n.person() for _ in range(3)], [n.code() for _ in range(3)]
         needles = tuple(f"The lucky number of {p} is {c}." for p, c in zip(people, codes))
@@ -149,15 +171,21 @@ def needle_facts(task: str, split: str, index: int) -> Facts:
         return Facts(needles, question, needles, tuple(codes))
     if kind == 0:
         guild, person, town = n.place(), n.person(), n.place()
-        needles = (f"The delegate of the {guild} guild is named {person}.",
-                   f"{person} was born in the town of {town}.")
-        return Facts(needles, f"In which town was the delegate of the {guild} guild born?",
-                     (f"The delegate of the {guild} guild was born in the town of {town}.",), (town,))
+        needles = (f"The delegate of the {guild} guild is named {person}.", f"{person} was born in the town of {town}.")
+        return Facts(
+            needles,
+            f"In which town was the delegate of the {guild} guild born?",
+            (f"The delegate of the {guild} guild was born in the town of {town}.",),
+            (town,),
+        )
     person, ship, port = n.person(), n.place(), n.place()
-    needles = (f"{person} is the captain of the ship {ship}.",
-               f"The ship {ship} is anchored in the harbour of {port}.")
-    return Facts(needles, f"In which harbour is the ship of captain {person} anchored?",
-                 (f"The ship of captain {person} is anchored in the harbour of {port}.",), (port,))
+    needles = (f"{person} is the captain of the ship {ship}.", f"The ship {ship} is anchored in the harbour of {port}.")
+    return Facts(
+        needles,
+        f"In which harbour is the ship of captain {person} anchored?",
+        (f"The ship of captain {person} is anchored in the harbour of {port}.",),
+        (port,),
+    )
 
 
 def needle_depths(depth: float, count: int) -> list[float]:
@@ -203,8 +231,9 @@ def insert_at_depths(text: str, pieces: list[str], depths: list[float], sep: str
     return "".join(out), tuple(offsets)
 
 
-def haystack_slice(text: str, lo: int, hi: int, rng: random.Random, tokens: int, tokenizer,
-                   chars_per_token: int = 8) -> tuple[str, int, int]:
+def haystack_slice(
+    text: str, lo: int, hi: int, rng: random.Random, tokens: int, tokenizer, chars_per_token: int = 8
+) -> tuple[str, int, int]:
     """`tokens` tokens of real text from `text[lo:hi]`, starting at a random sentence start.
 
     Returns:
@@ -227,8 +256,19 @@ def haystack_slice(text: str, lo: int, hi: int, rng: random.Random, tokens: int,
     return piece, start, start + len(piece)
 
 
-def make_needle_case(task: str, split: str, index: int, depth: float, length: int, doc_tokens: int, *,
-                     tokenizer, haystack: str, haystack_name: str, facts: Facts | None = None) -> Case:
+def make_needle_case(
+    task: str,
+    split: str,
+    index: int,
+    depth: float,
+    length: int,
+    doc_tokens: int,
+    *,
+    tokenizer,
+    haystack: str,
+    haystack_name: str,
+    facts: Facts | None = None,
+) -> Case:
     """Build one needle case: a haystack slice of about `doc_tokens` tokens with the needles inside.
 
     Args:
@@ -254,6 +294,16 @@ def make_needle_case(task: str, split: str, index: int, depth: float, length: in
     rng = random.Random(f"haystack/{task}/{split}/{index}/{depth}")
     hay, start, end = haystack_slice(haystack, lo, hi, rng, hay_tokens, tokenizer)
     document, offsets = insert_at_depths(hay, list(facts.needles), needle_depths(depth, len(facts.needles)))
-    return Case(task=task, case_id=case_id(index, depth), split=split, length=length, depth=depth,
-                document=document, question=facts.question, references=facts.references,
-                keywords=facts.keywords, insert_offsets=offsets, source=f"{haystack_name}[{start}:{end}]")
+    return Case(
+        task=task,
+        case_id=case_id(index, depth),
+        split=split,
+        length=length,
+        depth=depth,
+        document=document,
+        question=facts.question,
+        references=facts.references,
+        keywords=facts.keywords,
+        insert_offsets=offsets,
+        source=f"{haystack_name}[{start}:{end}]",
+    )

@@ -93,8 +93,10 @@ def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
         if not name:
             continue
         if name not in METHODS:
-            raise UsageError(f"unknown method '{name}'{_did_you_mean(name, METHODS)}",
-                             f"choose from {', '.join(METHODS)}; pairings go in --pairings")
+            raise UsageError(
+                f"unknown method '{name}'{_did_you_mean(name, METHODS)}",
+                f"choose from {', '.join(METHODS)}; pairings go in --pairings",
+            )
         pair = METHODS[name]
         out.append(Variant(name, *(pair or (None, None))))
     for name in (p.strip() for p in pairings.split(",")):
@@ -102,9 +104,11 @@ def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
             continue
         alloc, _, ind = name.partition("+")
         if alloc not in ALLOCATIONS or ind not in INDICATORS:
-            raise UsageError(f"unknown pairing '{name}'",
-                             f"write allocation+indicator with allocation in {', '.join(ALLOCATIONS)} and "
-                             f"indicator in {', '.join(INDICATORS)}, e.g. cake+snapkv")
+            raise UsageError(
+                f"unknown pairing '{name}'",
+                f"write allocation+indicator with allocation in {', '.join(ALLOCATIONS)} and "
+                f"indicator in {', '.join(INDICATORS)}, e.g. cake+snapkv",
+            )
         out.append(Variant(name, alloc, ind))
     if not out:
         raise UsageError("no method to benchmark", "give --methods, e.g. full,snapkv,cake")
@@ -173,8 +177,18 @@ def build_case(model: Model, task: str, split: str, index: int, depth: float, le
         return make_qa_case(split, index, depth, length, doc_tokens, tokenizer=model.tokenizer)
     facts = needle_facts(task, split, index)
     doc_tokens = target - overhead(facts.question) - PROMPT_SLACK
-    return make_needle_case(task, split, index, depth, length, doc_tokens, tokenizer=model.tokenizer,
-                            haystack=haystack_text(haystack_name), haystack_name=haystack_name, facts=facts)
+    return make_needle_case(
+        task,
+        split,
+        index,
+        depth,
+        length,
+        doc_tokens,
+        tokenizer=model.tokenizer,
+        haystack=haystack_text(haystack_name),
+        haystack_name=haystack_name,
+        facts=facts,
+    )
 
 
 def prompt_ids(model: Model, case: Case) -> list[int]:
@@ -182,8 +196,16 @@ def prompt_ids(model: Model, case: Case) -> list[int]:
     from cake_cli.tasks.templates import build_prompt, load_template
 
     template = load_template(TEMPLATES[case.task])
-    return list(build_prompt(model.tokenizer, template, case.document, max_prompt_tokens=model.max_prompt_tokens,
-                             truncate="error", question=case.question).input_ids)
+    return list(
+        build_prompt(
+            model.tokenizer,
+            template,
+            case.document,
+            max_prompt_tokens=model.max_prompt_tokens,
+            truncate="error",
+            question=case.question,
+        ).input_ids
+    )
 
 
 def pending_cells(suite: Suite, variants: list[Variant], budgets: list[int], done: set) -> list[tuple]:
@@ -191,17 +213,29 @@ def pending_cells(suite: Suite, variants: list[Variant], budgets: list[int], don
     out = []
     for task, index, depth, length in suite.specs():
         cid = case_id(index, depth)
-        cells = [(v, b) for v in variants for b in ([None] if v.allocation is None else budgets)
-                 if result_key(task, cid, length, v.name, b) not in done]
+        cells = [
+            (v, b)
+            for v in variants
+            for b in ([None] if v.allocation is None else budgets)
+            if result_key(task, cid, length, v.name, b) not in done
+        ]
         if cells:
             out.append((task, index, depth, length, cells))
     return out
 
 
-def run_grid(model: Model, suite: Suite, variants: list[Variant], budgets: list[int],
-             config_for_budget: Callable[[int], object], *, haystack: str, done: set = frozenset(),
-             on_case: Callable[[list[CaseResult]], None] | None = None,
-             on_step: Callable[[str], None] | None = None) -> list[CaseResult]:
+def run_grid(
+    model: Model,
+    suite: Suite,
+    variants: list[Variant],
+    budgets: list[int],
+    config_for_budget: Callable[[int], object],
+    *,
+    haystack: str,
+    done: set = frozenset(),
+    on_case: Callable[[list[CaseResult]], None] | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> list[CaseResult]:
     """Run every pending cell of the grid; one recorded prefill per (case, length).
 
     Args:
@@ -247,14 +281,25 @@ def run_grid(model: Model, suite: Suite, variants: list[Variant], budgets: list[
                 out = decode(model.model, ids, state, config, max_new_tokens=new_tokens, stop_ids=model.stop_ids)
                 answers[same] = model.tokenizer.decode(list(out.token_ids), skip_special_tokens=True).strip()
             text = answers[same]
-            case_rows.append(CaseResult(
-                task=task, case_id=case.case_id, split=case.split, length=length, method=variant.name,
-                budget=budget, prompt_tokens=len(ids_list), depth=depth,
-                score=round(score_answer(task, text, case.references, case.keywords), 6), prediction=text,
-                tau1=config.tau1 if config is not None and config.allocation == "cake" else None,
-                tau2=config.tau2 if config is not None and config.allocation == "cake" else None,
-                seconds=round(time.perf_counter() - start, 3), record_seconds=round(rec.seconds, 3),
-                source=case.source))
+            case_rows.append(
+                CaseResult(
+                    task=task,
+                    case_id=case.case_id,
+                    split=case.split,
+                    length=length,
+                    method=variant.name,
+                    budget=budget,
+                    prompt_tokens=len(ids_list),
+                    depth=depth,
+                    score=round(score_answer(task, text, case.references, case.keywords), 6),
+                    prediction=text,
+                    tau1=config.tau1 if config is not None and config.allocation == "cake" else None,
+                    tau2=config.tau2 if config is not None and config.allocation == "cake" else None,
+                    seconds=round(time.perf_counter() - start, 3),
+                    record_seconds=round(rec.seconds, 3),
+                    source=case.source,
+                )
+            )
         del rec
         rows.extend(case_rows)
         if on_case:
@@ -267,8 +312,19 @@ def _kept_key(state, config) -> tuple:
     every KV head) and the settings the decode policy reads (indicator, pooling, gamma, window,
     and the budget, which sets the decode capacity when nothing was evicted)."""
     kept = tuple(hash(layer.positions.cpu().numpy().tobytes()) for layer in state.cache.layers)
-    settings = None if config is None else (config.indicator, config.gamma, config.pool_kind, config.pool_kernel,
-                                            config.window, config.decode_policy, config.budget)
+    settings = (
+        None
+        if config is None
+        else (
+            config.indicator,
+            config.gamma,
+            config.pool_kind,
+            config.pool_kernel,
+            config.window,
+            config.decode_policy,
+            config.budget,
+        )
+    )
     return settings, tuple(state.lengths), kept
 
 

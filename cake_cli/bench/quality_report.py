@@ -26,8 +26,13 @@ from cake_cli.errors import CakeError, UsageError
 FORMAT = "cake-bench-quality"
 FORMAT_VERSION = 1
 META_MUST_MATCH = ("model", "split", "haystack", "window")  # a resumed file must agree on these
-TASK_TITLES = {"s-rt": "single-needle retrieval (S-RT)", "m-rt": "multi-needle retrieval (M-RT)",
-               "m-rs": "multi-needle reasoning (M-RS)", "qa": "QA, SQuAD + HotpotQA (F1)", "overall": "overall"}
+TASK_TITLES = {
+    "s-rt": "single-needle retrieval (S-RT)",
+    "m-rt": "multi-needle retrieval (M-RT)",
+    "m-rs": "multi-needle reasoning (M-RS)",
+    "qa": "QA, SQuAD + HotpotQA (F1)",
+    "overall": "overall",
+}
 
 
 def load_results(path: Path) -> tuple[dict, list[dict]]:
@@ -44,24 +49,33 @@ def load_results(path: Path) -> tuple[dict, list[dict]]:
             raise ValueError(f"not a {FORMAT} v{FORMAT_VERSION} file")
         return dict(data["meta"]), list(data["rows"])
     except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
-        raise CakeError(f"cannot resume from {path} ({str(exc).splitlines()[0]})",
-                        "give another --output, or delete the file to start over") from None
+        raise CakeError(
+            f"cannot resume from {path} ({str(exc).splitlines()[0]})",
+            "give another --output, or delete the file to start over",
+        ) from None
 
 
 def check_resumable(path: Path, old: dict, new: dict) -> None:
     """Raise UsageError when a results file was made with other settings than this run's."""
     for key in META_MUST_MATCH:
         if old and key in old and old[key] != new.get(key):
-            raise UsageError(f"{path} was made with {key} = {old[key]!r}, this run has {new.get(key)!r}",
-                             "give another --output to start a new results file")
+            raise UsageError(
+                f"{path} was made with {key} = {old[key]!r}, this run has {new.get(key)!r}",
+                "give another --output to start a new results file",
+            )
 
 
 def save_results(path: Path, meta: dict, rows: list[dict]) -> None:
     """Write the results file atomically (a temporary file, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, "version": FORMAT_VERSION, "meta": meta, "rows": rows},
-                              indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.write_text(
+        json.dumps(
+            {"format": FORMAT, "version": FORMAT_VERSION, "meta": meta, "rows": rows}, indent=1, ensure_ascii=False
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     os.replace(tmp, path)
 
 
@@ -90,23 +104,31 @@ class Summary:
         return self.scores.get((task, method, budget, length))
 
     def to_json(self) -> dict:
-        return {"methods": list(self.methods), "budgets": list(self.budgets), "lengths": list(self.lengths),
-                "tasks": list(self.tasks),
-                "scores": [{"task": t, "method": m, "budget": b, "length": n, "score": s,
-                            "rows": self.cases.get((t, m, b, n), 0)}
-                           for (t, m, b, n), s in sorted(self.scores.items(), key=lambda kv: str(kv[0]))],
-                "paired": [{"method": self.versus, "versus": m, "budget": b, "wins": won, "ties": tied, "losses": lost}
-                           for (m, b), (won, tied, lost) in self.paired.items()]}
+        return {
+            "methods": list(self.methods),
+            "budgets": list(self.budgets),
+            "lengths": list(self.lengths),
+            "tasks": list(self.tasks),
+            "scores": [
+                {"task": t, "method": m, "budget": b, "length": n, "score": s, "rows": self.cases.get((t, m, b, n), 0)}
+                for (t, m, b, n), s in sorted(self.scores.items(), key=lambda kv: str(kv[0]))
+            ],
+            "paired": [
+                {"method": self.versus, "versus": m, "budget": b, "wins": won, "ties": tied, "losses": lost}
+                for (m, b), (won, tied, lost) in self.paired.items()
+            ],
+        }
 
     def paired_grid(self) -> list[list[str]]:
         """Rows [other method, "wins-ties-losses" of `versus` at each budget]."""
         others = [m for m in self.methods if any((m, b) in self.paired for b in self.budgets)]
-        return [[m, *("-".join(map(str, self.paired[(m, b)])) if (m, b) in self.paired else "-"
-                      for b in self.budgets)] for m in others]
+        return [
+            [m, *("-".join(map(str, self.paired[(m, b)])) if (m, b) in self.paired else "-" for b in self.budgets)]
+            for m in others
+        ]
 
 
-def paired_counts(rows: list[dict], versus: str, methods: list[str], budgets: list[int],
-                  tol: float = 1e-9) -> dict:
+def paired_counts(rows: list[dict], versus: str, methods: list[str], budgets: list[int], tol: float = 1e-9) -> dict:
     """{(other method, budget): (wins, ties, losses)} of `versus` over the cases (task, case_id,
     length) that both methods answered at that budget; "full" is compared at every budget. Scores
     within `tol` tie."""
@@ -136,8 +158,9 @@ def paired_counts(rows: list[dict], versus: str, methods: list[str], budgets: li
     return out
 
 
-def summarize(rows: list[dict], methods: list[str] | None = None, budgets: list[int] | None = None,
-              versus: str = "cake") -> Summary:
+def summarize(
+    rows: list[dict], methods: list[str] | None = None, budgets: list[int] | None = None, versus: str = "cake"
+) -> Summary:
     """Average the rows (see the module docstring); `methods` / `budgets` fix the order shown;
     `versus` is the method whose paired wins / ties / losses against each other method are counted."""
     methods = methods or list(dict.fromkeys(r["method"] for r in rows))
@@ -146,7 +169,7 @@ def summarize(rows: list[dict], methods: list[str] | None = None, budgets: list[
     tasks = [t for t in TASK_WEIGHTS if any(r["task"] == t for r in rows)]
     acc: dict = defaultdict(list)
     for r in rows:
-        for b in ([r["budget"]] if r["budget"] is not None else budgets):
+        for b in [r["budget"]] if r["budget"] is not None else budgets:
             for n in (None, r["length"]):
                 acc[(r["task"], r["method"], b, n)].append(r["score"])
     scores = {k: sum(v) / len(v) for k, v in acc.items()}
@@ -159,8 +182,7 @@ def summarize(rows: list[dict], methods: list[str] | None = None, budgets: list[
                     scores[("overall", m, b, n)] = weighted_overall(per_task)
                     cases[("overall", m, b, n)] = sum(cases[(t, m, b, n)] for t in per_task)
     paired = paired_counts(rows, versus, methods, budgets) if versus in methods else {}
-    return Summary(tuple(methods), tuple(budgets), tuple(lengths), (*tasks, "overall"), scores, cases,
-                   paired, versus)
+    return Summary(tuple(methods), tuple(budgets), tuple(lengths), (*tasks, "overall"), scores, cases, paired, versus)
 
 
 _PAIRED_HEADING = "{} vs each method on the same cases: wins-ties-losses"
@@ -222,8 +244,9 @@ def markdown(summary: Summary) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def target_checks(summary: Summary, method: str = "cake", length: int | None = None,
-                  at_budget: int = 256, ratio: float = 0.95) -> list[str]:
+def target_checks(
+    summary: Summary, method: str = "cake", length: int | None = None, at_budget: int = 256, ratio: float = 0.95
+) -> list[str]:
     """Plain-language checks of the targets: `method` >= every other evicting method at every
     budget (overall), and `method` >= ratio x full at `at_budget` on `length` (default: the
     longest length). Each line starts with PASS or FAIL."""
@@ -233,19 +256,27 @@ def target_checks(summary: Summary, method: str = "cake", length: int | None = N
     others = [m for m in summary.methods if m not in (method, "full") and "+" not in m]
     for b in summary.budgets:
         mine = summary.get("overall", method, b)
-        worse = [f"{m} {_fmt(summary.get('overall', m, b))}" for m in others
-                 if mine is not None and summary.get("overall", m, b) is not None
-                 and summary.get("overall", m, b) > mine + 1e-12]
-        lines.append(f"{'FAIL' if worse else 'PASS'} B={b}: {method} {_fmt(mine)} >= every baseline"
-                     + (f" (beaten by {', '.join(worse)})" if worse else ""))
+        worse = [
+            f"{m} {_fmt(summary.get('overall', m, b))}"
+            for m in others
+            if mine is not None
+            and summary.get("overall", m, b) is not None
+            and summary.get("overall", m, b) > mine + 1e-12
+        ]
+        lines.append(
+            f"{'FAIL' if worse else 'PASS'} B={b}: {method} {_fmt(mine)} >= every baseline"
+            + (f" (beaten by {', '.join(worse)})" if worse else "")
+        )
     length = length if length is not None else (max(summary.lengths) if summary.lengths else None)
     full = summary.get("overall", "full", at_budget, length)
     mine = summary.get("overall", method, at_budget, length)
     if full is not None and mine is not None and at_budget in summary.budgets:
         ok = mine >= ratio * full
         share = f"{100 * mine / full:.0f}%" if full > 0 else "n/a"
-        lines.append(f"{'PASS' if ok else 'FAIL'} B={at_budget} at {length} tokens: {method} {_fmt(mine)} vs full "
-                     f"{_fmt(full)} ({share} of full; target {ratio:.0%})")
+        lines.append(
+            f"{'PASS' if ok else 'FAIL'} B={at_budget} at {length} tokens: {method} {_fmt(mine)} vs full "
+            f"{_fmt(full)} ({share} of full; target {ratio:.0%})"
+        )
     return lines
 
 
@@ -262,8 +293,10 @@ def plot(summary: Summary, path: Path, title: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise CakeError("the plot needs matplotlib", "install it with `pip install matplotlib` "
-                        "(or `pip install -e '.[bench]'`), or leave out --plot") from None
+        raise CakeError(
+            "the plot needs matplotlib",
+            "install it with `pip install matplotlib` (or `pip install -e '.[bench]'`), or leave out --plot",
+        ) from None
     panels = [(t, None) for t in summary.tasks]
     if len(summary.lengths) > 1:
         panels.append(("overall", summary.lengths[-1]))  # the longest contexts on their own
@@ -280,17 +313,25 @@ def plot(summary: Summary, path: Path, title: str) -> None:
             if m == "full":
                 ax.plot(budgets, ys, "k--", label="full cache", linewidth=1.2)
             else:
-                ax.plot(budgets, ys, marker="o", markersize=3, label=m,
-                        linewidth=2.2 if m == "cake" else 1.2, linestyle=":" if "+" in m else "-")
+                ax.plot(
+                    budgets,
+                    ys,
+                    marker="o",
+                    markersize=3,
+                    label=m,
+                    linewidth=2.2 if m == "cake" else 1.2,
+                    linestyle=":" if "+" in m else "-",
+                )
         ax.set_xscale("log", base=2)
         ax.set_xticks(budgets, [str(b) for b in budgets])
-        ax.set_title(TASK_TITLES.get(task, task) + ("" if length is None else f", {length}-token contexts"),
-                     fontsize=10)
+        ax.set_title(
+            TASK_TITLES.get(task, task) + ("" if length is None else f", {length}-token contexts"), fontsize=10
+        )
         ax.set_ylim(bottom=0)
         ax.set_xlabel("KV budget B (tokens per layer)")
         ax.set_ylabel("score")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=8, frameon=False)

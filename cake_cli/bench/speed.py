@@ -50,23 +50,41 @@ def measure(model, ids: torch.Tensor, config: CakeConfig | None, new_tokens: int
     """One run: prefill + `new_tokens` greedy tokens (no EOS stop)."""
     with PeakRss() as rss:
         r = generate(model, ids, config, max_new_tokens=new_tokens, collect_stats=False)
-    return {"prefill_seconds": r.prefill_seconds, "decode_tokens_per_second": r.decode_tokens_per_second,
-            "kv_bytes_kept": r.kv_bytes_kept, "kv_peak_prefill": r.kv_peak_prefill,
-            "kv_bytes_full": r.kv_bytes_full, "rss_peak_delta": max(rss.peak - rss.start, 0),
-            "eviction_seconds": r.eviction_seconds}
+    return {
+        "prefill_seconds": r.prefill_seconds,
+        "decode_tokens_per_second": r.decode_tokens_per_second,
+        "kv_bytes_kept": r.kv_bytes_kept,
+        "kv_peak_prefill": r.kv_peak_prefill,
+        "kv_bytes_full": r.kv_bytes_full,
+        "rss_peak_delta": max(rss.peak - rss.start, 0),
+        "eviction_seconds": r.eviction_seconds,
+    }
 
 
 def median_row(length: int, method: str, budget: int | None, runs: list[dict]) -> SpeedRow:
     """Median of each measurement over the repeats."""
     med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
     ints = ("kv_bytes_kept", "kv_peak_prefill", "kv_bytes_full", "rss_peak_delta")
-    return SpeedRow(length=length, method=method, budget=budget, repeats=len(runs),
-                    **{k: int(v) if k in ints else float(v) for k, v in med.items()})
+    return SpeedRow(
+        length=length,
+        method=method,
+        budget=budget,
+        repeats=len(runs),
+        **{k: int(v) if k in ints else float(v) for k, v in med.items()},
+    )
 
 
-def run_speed(model, token_ids: list[int], base: CakeConfig, *, lengths: list[int], methods: list[str],
-              new_tokens: int = 32, repeats: int = 3,
-              on_case: Callable[[str], None] | None = None) -> list[SpeedRow]:
+def run_speed(
+    model,
+    token_ids: list[int],
+    base: CakeConfig,
+    *,
+    lengths: list[int],
+    methods: list[str],
+    new_tokens: int = 32,
+    repeats: int = 3,
+    on_case: Callable[[str], None] | None = None,
+) -> list[SpeedRow]:
     """Measure every (length, method) plus the decode limit at the budget.
 
     Args:

@@ -49,10 +49,12 @@ class TauScores:
     cases: int  # rows behind each pair's score
 
     def to_json(self) -> dict:
-        return {"budget": self.budget, "best": {"tau1": self.best[0], "tau2": self.best[1],
-                                                "score": self.scores[self.best]},
-                "cases": self.cases,
-                "grid": [{"tau1": t1, "tau2": t2, "score": s} for (t1, t2), s in sorted(self.scores.items())]}
+        return {
+            "budget": self.budget,
+            "best": {"tau1": self.best[0], "tau2": self.best[1], "score": self.scores[self.best]},
+            "cases": self.cases,
+            "grid": [{"tau1": t1, "tau2": t2, "score": s} for (t1, t2), s in sorted(self.scores.items())],
+        }
 
 
 def _pair(method: str) -> tuple[float, float] | None:
@@ -81,9 +83,8 @@ def choose(rows: list[dict], budgets=TAU_BUDGETS) -> list[TauScores]:
         if not scores:
             raise ValueError(f"no tau-search results at budget {b}")
 
-        def rank(pair):
-            return (round(scores[pair], 9), round(total[pair], 9),
-                    -(math.log(pair[0]) ** 2 + math.log(pair[1]) ** 2))
+        def rank(pair, scores=scores, total=total):
+            return (round(scores[pair], 9), round(total[pair], 9), -(math.log(pair[0]) ** 2 + math.log(pair[1]) ** 2))
 
         best = max(scores, key=rank)
         cases = sum(len(v) for v in by[(b, best)].values())
@@ -114,10 +115,12 @@ def write_profile_taus(path: Path, chosen: list[TauScores], source: str) -> None
         end += 1
     merged = {p.budget: (p.tau1, p.tau2) for p in parse_profile(path).taus}  # budgets not searched stay
     merged.update({c.budget: c.best for c in chosen})
-    points = [f"  - {{budget: {b}, tau1: {float(t1)!r}, tau2: {float(t2)!r}}}" for b, (t1, t2) in sorted(merged.items())]
+    points = [
+        f"  - {{budget: {b}, tau1: {float(t1)!r}, tau2: {float(t2)!r}}}" for b, (t1, t2) in sorted(merged.items())
+    ]
     quoted = source.replace("\\", "\\\\").replace('"', '\\"')
     lines[src] = f'tau_source: "{quoted}"'
-    lines[start + 1:end] = points
+    lines[start + 1 : end] = points
     text = "\n".join(lines) + "\n"
     with tempfile.TemporaryDirectory(dir=path.parent) as tmpdir:
         tmp = Path(tmpdir) / path.name  # same stem: the schema checks name == file stem

@@ -10,9 +10,13 @@ from rich.console import Console
 
 from cake_cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, CakeError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Long-document tasks with a causal LM under a fixed KV-cache budget, using CAKE "
-                       "(cascading and adaptive KV cache eviction with layer preferences, ICLR 2025).")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Long-document tasks with a causal LM under a fixed KV-cache budget, using CAKE "
+    "(cascading and adaptive KV cache eviction with layer preferences, ICLR 2025).",
+)
 
 
 def stderr_console() -> Console:
@@ -40,8 +44,11 @@ def handled():
         if os.environ.get("CAKE_DEBUG") == "1":
             raise
         first = (str(exc).strip().splitlines() or [""])[0]
-        err.print(f"[bold red]internal error:[/] {type(exc).__name__}: {first} — rerun with CAKE_DEBUG=1 for "
-                  "the traceback and report it", soft_wrap=True)
+        err.print(
+            f"[bold red]internal error:[/] {type(exc).__name__}: {first} — rerun with CAKE_DEBUG=1 for "
+            "the traceback and report it",
+            soft_wrap=True,
+        )
         raise typer.Exit(EXIT_ERROR) from None
 
 
@@ -53,8 +60,15 @@ class StderrProgress:
 
         self.console = stderr_console()
         self.quiet = quiet
-        self.bar = Progress(TextColumn("prefill"), BarColumn(), MofNCompleteColumn(), TextColumn("layers"),
-                            TimeElapsedColumn(), console=self.console, transient=True)
+        self.bar = Progress(
+            TextColumn("prefill"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("layers"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+        )
         self.task = None
 
     def status(self, message: str) -> None:

@@ -41,8 +41,11 @@ def _settings_rows(t: Table, r: RunResult | InspectResult) -> None:
         doc += f" (middle-truncated from {r.original_document_tokens})"
     t.add_row("prompt", f"{r.prompt_tokens} tokens ({doc})")
     share = min(r.budget / r.prompt_tokens, 1.0)
-    policy = (f", decode policy {r.decode_policy}, method {r.method} ({r.allocation} allocation + "
-              f"{r.indicator} indicator)") if isinstance(r, RunResult) else ""
+    policy = (
+        (f", decode policy {r.decode_policy}, method {r.method} ({r.allocation} allocation + {r.indicator} indicator)")
+        if isinstance(r, RunResult)
+        else ""
+    )
     t.add_row("budget", f"B = {r.budget} tokens/layer ({share:.1%} of the prompt), window w = {r.window}{policy}")
     t.add_row("taus", f"tau1 = {r.tau1:.3g}, tau2 = {r.tau2:.3g} ({r.tau_rule}); gamma = {r.gamma:g}")
 
@@ -59,21 +62,30 @@ def location_text(loc: Location | None) -> str:
     if loc is None:
         return "not found in the document (see the warning)"
     where = f"page {loc.page} · " if loc.page is not None else ""
-    return (f"{where}characters {loc.start}-{loc.end} ({loc.percent:.1f}% deep) · similarity {loc.similarity:.0f}"
-            f" · \"{loc.text[:60]}{'…' if len(loc.text) > 60 else ''}\"")
+    return (
+        f"{where}characters {loc.start}-{loc.end} ({loc.percent:.1f}% deep) · similarity {loc.similarity:.0f}"
+        f' · "{loc.text[:60]}{"…" if len(loc.text) > 60 else ""}"'
+    )
 
 
 def summary_table(r: RunResult) -> Table:
     t = _grid()
     _settings_rows(t, r)
     saved = Text(f"{r.saved_fraction:.1%} saved", style="bold green" if r.evicted else "yellow")
-    t.add_row("KV cache", Text.assemble(f"{human_bytes(r.kv_bytes_full)} full → {human_bytes(r.kv_bytes_kept)} kept "
-                                        f"after prefill · ", saved,
-                                        f" · peak during prefill {human_bytes(r.kv_peak_prefill)}"
-                                        f" · after decoding {human_bytes(r.kv_bytes_final)}"))
-    t.add_row("time", f"load {r.load_seconds:.1f} s · prefill {r.prefill_seconds:.2f} s "
-                      f"(scoring + eviction {r.eviction_seconds:.3f} s) · decode {r.decode_tokens_per_second:.1f} tok/s"
-                      f" over {r.decode_steps} steps")
+    t.add_row(
+        "KV cache",
+        Text.assemble(
+            f"{human_bytes(r.kv_bytes_full)} full → {human_bytes(r.kv_bytes_kept)} kept after prefill · ",
+            saved,
+            f" · peak during prefill {human_bytes(r.kv_peak_prefill)} · after decoding {human_bytes(r.kv_bytes_final)}",
+        ),
+    )
+    t.add_row(
+        "time",
+        f"load {r.load_seconds:.1f} s · prefill {r.prefill_seconds:.2f} s "
+        f"(scoring + eviction {r.eviction_seconds:.3f} s) · decode {r.decode_tokens_per_second:.1f} tok/s"
+        f" over {r.decode_steps} steps",
+    )
     t.add_row("output", f"{r.generated_tokens} tokens, stopped by {r.stop_reason.replace('_', ' ')}")
     if r.task == "needle":
         t.add_row("location", location_text(r.location))
@@ -82,27 +94,35 @@ def summary_table(r: RunResult) -> Table:
 
 def layer_table(layers: tuple[LayerResult, ...]) -> Table:
     """Per-layer dispersion, shift, preference share, budget and tokens kept, with a bar chart."""
-    t = Table(box=box.SIMPLE_HEAD, title="allocation across layers", title_justify="left",
-              caption="H dispersion (nats) · V shift · P preference share · B_l evictable budget · "
-                      "kept = B_l + w window tokens", caption_justify="left", pad_edge=False)
+    t = Table(
+        box=box.SIMPLE_HEAD,
+        title="allocation across layers",
+        title_justify="left",
+        caption="H dispersion (nats) · V shift · P preference share · B_l evictable budget · "
+        "kept = B_l + w window tokens",
+        caption_justify="left",
+        pad_edge=False,
+    )
     for name in ("layer", "H", "V", "P", "B_l", "kept"):
         t.add_column(name, justify="right", no_wrap=True)
     t.add_column("tokens kept", justify="left", style="magenta", no_wrap=True)
     top = max((layer.kept for layer in layers), default=0)
     for layer in layers:
-        t.add_row(str(layer.layer),
-                  "–" if layer.dispersion is None else f"{layer.dispersion:.0f}",
-                  "–" if layer.shift is None else f"{layer.shift:.1e}",
-                  "–" if layer.preference_share is None else f"{layer.preference_share:.1%}",
-                  "all" if layer.budget is None else str(layer.budget),
-                  str(layer.kept), bar(layer.kept, top))
+        t.add_row(
+            str(layer.layer),
+            "–" if layer.dispersion is None else f"{layer.dispersion:.0f}",
+            "–" if layer.shift is None else f"{layer.shift:.1e}",
+            "–" if layer.preference_share is None else f"{layer.preference_share:.1%}",
+            "all" if layer.budget is None else str(layer.budget),
+            str(layer.kept),
+            bar(layer.kept, top),
+        )
     return t
 
 
 def render(r: RunResult, console: Console) -> None:
     """Print the full report to `console` (stderr in the CLI)."""
-    console.print(Panel(summary_table(r), title=f"CAKE report · {r.task}", title_align="left",
-                        border_style="cyan"))
+    console.print(Panel(summary_table(r), title=f"CAKE report · {r.task}", title_align="left", border_style="cyan"))
     console.print(layer_table(r.layers))
 
 
@@ -112,15 +132,25 @@ def inspect_summary(r: InspectResult) -> Table:
     t.add_row("document", f"{r.document} (prompt of the {r.template} template)")
     _settings_rows(t, r)
     if r.evicted:
-        t.add_row("budgets", f"sum of B_l = {r.budget_sum} of (B - w)·L = {r.evictable_total} "
-                             f"({r.evictable_total - r.budget_sum} lost to integer rounding, at most L = {len(r.layers)})")
+        t.add_row(
+            "budgets",
+            f"sum of B_l = {r.budget_sum} of (B - w)·L = {r.evictable_total} "
+            f"({r.evictable_total - r.budget_sum} lost to integer rounding, at most L = {len(r.layers)})",
+        )
     else:
-        t.add_row("budgets", Text("the prompt fits the budget: nothing evicted, every layer keeps all tokens",
-                                  style="yellow"))
-    t.add_row("KV cache", f"{human_bytes(r.kv_bytes_full)} full → {human_bytes(r.kv_bytes_kept)} kept after prefill "
-                          f"({r.saved_fraction:.1%} saved) · peak during prefill {human_bytes(r.kv_peak_prefill)}")
-    t.add_row("time", f"load {r.load_seconds:.1f} s · prefill {r.prefill_seconds:.2f} s "
-                      f"(scoring + eviction {r.eviction_seconds:.3f} s)")
+        t.add_row(
+            "budgets", Text("the prompt fits the budget: nothing evicted, every layer keeps all tokens", style="yellow")
+        )
+    t.add_row(
+        "KV cache",
+        f"{human_bytes(r.kv_bytes_full)} full → {human_bytes(r.kv_bytes_kept)} kept after prefill "
+        f"({r.saved_fraction:.1%} saved) · peak during prefill {human_bytes(r.kv_peak_prefill)}",
+    )
+    t.add_row(
+        "time",
+        f"load {r.load_seconds:.1f} s · prefill {r.prefill_seconds:.2f} s "
+        f"(scoring + eviction {r.eviction_seconds:.3f} s)",
+    )
     return t
 
 

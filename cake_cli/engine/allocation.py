@@ -79,8 +79,7 @@ def round_budgets(real: Sequence[float], cap: int) -> list[int]:
     return floors
 
 
-def allocate(log_prefs: Sequence[float], total: int, cap: int,
-             previous: Sequence[int] | None = None) -> list[int]:
+def allocate(log_prefs: Sequence[float], total: int, cap: int, previous: Sequence[int] | None = None) -> list[int]:
     """Integer budgets B_l^(m) for the layers seen so far (Eq. 7 for stage m, Eq. 9-10).
 
     Args:
@@ -96,7 +95,7 @@ def allocate(log_prefs: Sequence[float], total: int, cap: int,
     real = waterfill(preference_weights(log_prefs), float(total), float(cap))
     budgets = round_budgets(real, cap)
     if previous is not None:
-        budgets = [min(b, p) for b, p in zip(budgets, previous)] + budgets[len(previous):]
+        budgets = [min(b, p) for b, p in zip(budgets, previous)] + budgets[len(previous) :]
     return budgets
 
 

@@ -46,8 +46,7 @@ class CakeLayer(DynamicLayer):
                 slot = self.free.view(1, -1, 1, 1).expand(1, self.free.shape[0], 1, self.keys.shape[-1])
                 self.keys.scatter_(2, slot, key_states)  # [1, H_kv, slots, d]
                 self.values.scatter_(2, slot, value_states)
-                self.positions.scatter_(1, self.free.unsqueeze(1),
-                                        torch.full_like(self.free.unsqueeze(1), self.seen))
+                self.positions.scatter_(1, self.free.unsqueeze(1), torch.full_like(self.free.unsqueeze(1), self.seen))
                 self.free = None
                 self.seen += 1
                 return self.keys, self.values
@@ -129,16 +128,18 @@ class CakeCache(Cache):
             NonFiniteError: the new keys or values hold inf or NaN (e.g. float16 overflow).
         """
         if not (torch.isfinite(key_states).all() and torch.isfinite(value_states).all()):
-            raise NonFiniteError(f"layer {layer_idx} produced non-finite keys/values "
-                                 f"({key_states.dtype}); nothing non-finite is cached")
+            raise NonFiniteError(
+                f"layer {layer_idx} produced non-finite keys/values ({key_states.dtype}); nothing non-finite is cached"
+            )
         keys, values = self.layers[layer_idx].update(key_states, value_states)
         if self.layers[layer_idx].seen == key_states.shape[-2]:  # the prompt's first pass
             self.full_bytes += self.layers[layer_idx].nbytes()
         self.track_peak()
         return keys, values
 
-    def after_attention(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float,
-                        probs: torch.Tensor | None = None) -> None:
+    def after_attention(
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float, probs: torch.Tensor | None = None
+    ) -> None:
         """Hook called by the attention function once layer `layer_idx` has attended; `probs` are the
         [H, 1, k] float32 probabilities of a single decode query when the attention function computed them."""
         if self.policy is not None:

@@ -51,8 +51,7 @@ class CascadePrefill:
         seconds: wall time spent scoring and evicting, seconds.
     """
 
-    def __init__(self, config: CakeConfig, num_layers: int, prompt_len: int, on_layer=None,
-                 collect_stats: bool = True):
+    def __init__(self, config: CakeConfig, num_layers: int, prompt_len: int, on_layer=None, collect_stats: bool = True):
         self.config = config
         self.num_layers = num_layers
         self.prompt_len = prompt_len
@@ -63,8 +62,11 @@ class CascadePrefill:
         self.evicting = prompt_len > config.budget
         self.seconds = 0.0
         self.collect_stats = collect_stats or config.allocation == "cake"
-        self.schedule = None if config.allocation == "cake" else static_budgets(
-            config.allocation, num_layers, config.evictable_total(num_layers), self.cap)
+        self.schedule = (
+            None
+            if config.allocation == "cake"
+            else static_budgets(config.allocation, num_layers, config.evictable_total(num_layers), self.cap)
+        )
 
     @property
     def cap(self) -> int:
@@ -76,8 +78,15 @@ class CascadePrefill:
         """B_l after the last stage (evictable tokens per layer), or None if nothing was evicted."""
         return self.stages[-1] if self.evicting and len(self.stages) == self.num_layers else None
 
-    def after_attention(self, cache, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float,
-                        probs: torch.Tensor | None = None) -> None:
+    def after_attention(
+        self,
+        cache,
+        layer_idx: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        scaling: float,
+        probs: torch.Tensor | None = None,
+    ) -> None:
         """Score layer `layer_idx` from its window attention and cascade-evict layers 0..layer_idx.
 
         Args:
@@ -114,8 +123,14 @@ class CascadePrefill:
         if self.evicting:
             positions = torch.arange(self.cap, device=a.device).expand(num_kv, self.cap)  # [H_kv, n - w]
             self.indicators[layer_idx] = token_scores(
-                cfg.indicator, a_ev, positions, num_kv, gamma=cfg.gamma,
-                pool=(cfg.pool_kind, cfg.pool_kernel), column_var=var)  # [H_kv, n - w]
+                cfg.indicator,
+                a_ev,
+                positions,
+                num_kv,
+                gamma=cfg.gamma,
+                pool=(cfg.pool_kind, cfg.pool_kernel),
+                column_var=var,
+            )  # [H_kv, n - w]
             self._cascade(cache, layer_idx)
 
     def _cascade(self, cache, m: int) -> None:

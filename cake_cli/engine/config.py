@@ -55,30 +55,35 @@ class CakeConfig:
         if self.window < 1:
             raise UsageError(f"--window must be at least 1 token (got {self.window})", "use e.g. --window 32")
         if self.budget < 1:
-            raise UsageError(f"--budget must be a positive number of tokens (got {self.budget})",
-                             "use e.g. --budget 256")
+            raise UsageError(
+                f"--budget must be a positive number of tokens (got {self.budget})", "use e.g. --budget 256"
+            )
         if self.budget < self.window:
             raise UsageError(
                 f"--budget {self.budget} is smaller than the observation window ({self.window} tokens)",
                 f"raise --budget to at least {self.window} or lower --window",
             )
         if not (self.tau1 > 0 and self.tau2 > 0):
-            raise UsageError(f"temperatures must be > 0 (got tau1={self.tau1}, tau2={self.tau2})",
-                             "use values in the paper's range, e.g. 0.2-3")
+            raise UsageError(
+                f"temperatures must be > 0 (got tau1={self.tau1}, tau2={self.tau2})",
+                "use values in the paper's range, e.g. 0.2-3",
+            )
         if not self.gamma >= 0:
             raise UsageError(f"gamma must be >= 0 (got {self.gamma})", "the paper uses gamma = 200")
         if self.pool_kind not in POOL_KINDS:
             raise UsageError(f"unknown pooling '{self.pool_kind}'", f"choose one of {', '.join(POOL_KINDS)}")
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
-            raise UsageError(f"pooling kernel must be a positive odd number (got {self.pool_kernel})",
-                             "the paper uses 5")
+            raise UsageError(
+                f"pooling kernel must be a positive odd number (got {self.pool_kernel})", "the paper uses 5"
+            )
         if self.allocation not in ALLOCATIONS:
             raise UsageError(f"unknown allocation '{self.allocation}'", f"choose one of {', '.join(ALLOCATIONS)}")
         if self.indicator not in INDICATORS:
             raise UsageError(f"unknown indicator '{self.indicator}'", f"choose one of {', '.join(INDICATORS)}")
         if self.decode_policy not in DECODE_POLICIES:
-            raise UsageError(f"unknown decode policy '{self.decode_policy}'",
-                             f"choose one of {', '.join(DECODE_POLICIES)}")
+            raise UsageError(
+                f"unknown decode policy '{self.decode_policy}'", f"choose one of {', '.join(DECODE_POLICIES)}"
+            )
 
     def evictable_total(self, num_layers: int) -> int:
         """B_total = (B - w) · L evictable cache slots over all layers, in tokens (spec Notation)."""

@@ -43,8 +43,15 @@ class FixedDecode:
         """True when a layer holding `key_len` slots is over capacity (it will evict now)."""
         return key_len > self.capacity[layer_idx]
 
-    def after_attention(self, cache, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float,
-                        probs: torch.Tensor | None = None) -> None:
+    def after_attention(
+        self,
+        cache,
+        layer_idx: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        scaling: float,
+        probs: torch.Tensor | None = None,
+    ) -> None:
         """Evict layer `layer_idx` back to its capacity after q new tokens were added.
 
         Args:
@@ -65,8 +72,14 @@ class FixedDecode:
         by_head = order.repeat_interleave(num_heads // num_kv, dim=0)  # [H, k]
         a = a.gather(2, by_head.unsqueeze(1).expand(-1, a.shape[1], -1))  # [H, q, k] in position order
         m = k - w  # candidates: everything but the most recent w
-        scores = token_scores(cfg.indicator, a[:, :, :m], layer.positions.gather(1, order)[:, :m], num_kv,
-                              gamma=cfg.gamma, pool=(cfg.pool_kind, cfg.pool_kernel))  # [H_kv, m]
+        scores = token_scores(
+            cfg.indicator,
+            a[:, :, :m],
+            layer.positions.gather(1, order)[:, :m],
+            num_kv,
+            gamma=cfg.gamma,
+            pool=(cfg.pool_kind, cfg.pool_kernel),
+        )  # [H_kv, m]
         if k - cap == 1 and query.shape[2] == 1:
             # lowest score; among ties the latest, as top_k_sorted keeps the earliest
             victim = (m - 1) - torch.argmin(scores.flip(-1), dim=-1)  # [H_kv]

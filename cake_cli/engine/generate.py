@@ -91,14 +91,21 @@ class Prefilled:
         """Per-layer statistics, budgets and tokens kept."""
         budgets = self.cascade.final_budgets if self.cascade is not None else None
         return tuple(
-            LayerRow(l, self.cascade.stats[l] if self.cascade else None, budgets[l] if budgets else None, kept)
-            for l, kept in enumerate(self.lengths))
+            LayerRow(i, self.cascade.stats[i] if self.cascade else None, budgets[i] if budgets else None, kept)
+            for i, kept in enumerate(self.lengths)
+        )
 
 
 @torch.inference_mode()
-def prefill(model, input_ids: torch.Tensor, config: CakeConfig | None, *,
-            on_layer: Callable[[int, int], None] | None = None, step_logits: list | None = None,
-            collect_stats: bool = True) -> Prefilled:
+def prefill(
+    model,
+    input_ids: torch.Tensor,
+    config: CakeConfig | None,
+    *,
+    on_layer: Callable[[int, int], None] | None = None,
+    step_logits: list | None = None,
+    collect_stats: bool = True,
+) -> Prefilled:
     """Run the prompt through the model once, cascading CAKE eviction layer by layer (Sec. 4.2).
 
     Args:
@@ -119,14 +126,17 @@ def prefill(model, input_ids: torch.Tensor, config: CakeConfig | None, *,
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"expected input_ids of shape [1, n>0], got {tuple(input_ids.shape)}")
     if input_ids.shape[0] != 1:
-        raise ValueError(f"batch size {input_ids.shape[0]} is not supported: the engine runs one sequence at a "
-                         "time (layers keep different tokens per sequence)")
+        raise ValueError(
+            f"batch size {input_ids.shape[0]} is not supported: the engine runs one sequence at a "
+            "time (layers keep different tokens per sequence)"
+        )
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and input_ids.shape[1] > limit:
         raise ValueError(f"the prompt has {input_ids.shape[1]} tokens, past the model's {limit} positions")
     num_layers = model.config.num_hidden_layers
-    cascade = (CascadePrefill(config, num_layers, input_ids.shape[1], on_layer, collect_stats)
-               if config is not None else None)
+    cascade = (
+        CascadePrefill(config, num_layers, input_ids.shape[1], on_layer, collect_stats) if config is not None else None
+    )
     cache = CakeCache(num_layers, policy=cascade)
     _sync(input_ids.device)
     start = time.perf_counter()
@@ -137,12 +147,20 @@ def prefill(model, input_ids: torch.Tensor, config: CakeConfig | None, *,
 
 
 @torch.inference_mode()
-def generate(model, input_ids: torch.Tensor, config: CakeConfig | None, *, max_new_tokens: int = 256,
-             sampling: SamplingConfig = SamplingConfig(), stop_ids: frozenset[int] = frozenset(),
-             on_token: Callable[[int], None] | None = None,
-             on_layer: Callable[[int, int], None] | None = None,
-             step_logits: list | None = None,
-             forced_tokens: list[int] | None = None, collect_stats: bool = True) -> GenerationResult:
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    config: CakeConfig | None,
+    *,
+    max_new_tokens: int = 256,
+    sampling: SamplingConfig = SamplingConfig(),
+    stop_ids: frozenset[int] = frozenset(),
+    on_token: Callable[[int], None] | None = None,
+    on_layer: Callable[[int, int], None] | None = None,
+    step_logits: list | None = None,
+    forced_tokens: list[int] | None = None,
+    collect_stats: bool = True,
+) -> GenerationResult:
     """Prefill with the CAKE cascade (unless `config` is None), then decode (see `decode`).
 
     Args:
@@ -155,17 +173,35 @@ def generate(model, input_ids: torch.Tensor, config: CakeConfig | None, *, max_n
     Raises:
         ValueError: batch size other than 1 or an empty prompt.
     """
-    state = prefill(model, input_ids, config, on_layer=on_layer, step_logits=step_logits,
-                    collect_stats=collect_stats)
-    return decode(model, input_ids, state, config, max_new_tokens=max_new_tokens, sampling=sampling,
-                  stop_ids=stop_ids, on_token=on_token, step_logits=step_logits, forced_tokens=forced_tokens)
+    state = prefill(model, input_ids, config, on_layer=on_layer, step_logits=step_logits, collect_stats=collect_stats)
+    return decode(
+        model,
+        input_ids,
+        state,
+        config,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        stop_ids=stop_ids,
+        on_token=on_token,
+        step_logits=step_logits,
+        forced_tokens=forced_tokens,
+    )
 
 
 @torch.inference_mode()
-def decode(model, input_ids: torch.Tensor, state: Prefilled, config: CakeConfig | None, *,
-           max_new_tokens: int = 256, sampling: SamplingConfig = SamplingConfig(),
-           stop_ids: frozenset[int] = frozenset(), on_token: Callable[[int], None] | None = None,
-           step_logits: list | None = None, forced_tokens: list[int] | None = None) -> GenerationResult:
+def decode(
+    model,
+    input_ids: torch.Tensor,
+    state: Prefilled,
+    config: CakeConfig | None,
+    *,
+    max_new_tokens: int = 256,
+    sampling: SamplingConfig = SamplingConfig(),
+    stop_ids: frozenset[int] = frozenset(),
+    on_token: Callable[[int], None] | None = None,
+    step_logits: list | None = None,
+    forced_tokens: list[int] | None = None,
+) -> GenerationResult:
     """Decode token by token at true positions n, n+1, ... after `prefill` (or `replay.replay`),
     with the configured decode policy (spec §4).
 
@@ -187,8 +223,11 @@ def decode(model, input_ids: torch.Tensor, state: Prefilled, config: CakeConfig 
     cache, logits, n, device = state.cache, state.logits, input_ids.shape[1], input_ids.device
     decode_policy = None
     if config is not None:
-        decode_policy = (FixedDecode(config, decode_capacity(config, state.cascade, state.lengths))
-                         if config.decode_policy == "fixed" else GrowDecode())
+        decode_policy = (
+            FixedDecode(config, decode_capacity(config, state.cascade, state.lengths))
+            if config.decode_policy == "fixed"
+            else GrowDecode()
+        )
     cache.policy = decode_policy
     cache.tracking_peak = False
 
@@ -222,8 +261,18 @@ def decode(model, input_ids: torch.Tensor, state: Prefilled, config: CakeConfig 
     rows = state.rows()
     prefill_evict = state.cascade.seconds if state.cascade else 0.0
     return GenerationResult(
-        token_ids=tuple(tokens), prompt_tokens=n, evicted=any(r.budget is not None for r in rows), layers=rows,
-        kv_bytes_full=cache.full_bytes, kv_bytes_kept=state.kv_bytes, kv_bytes_final=cache.kv_bytes(),
-        kv_peak_prefill=state.peak_bytes, prefill_seconds=state.seconds, decode_seconds=decode_seconds,
-        decode_steps=steps, eviction_seconds=prefill_evict + (decode_policy.seconds if decode_policy else 0.0),
-        stop_reason=stop_reason, first_logits=state.logits.detach().float().cpu())
+        token_ids=tuple(tokens),
+        prompt_tokens=n,
+        evicted=any(r.budget is not None for r in rows),
+        layers=rows,
+        kv_bytes_full=cache.full_bytes,
+        kv_bytes_kept=state.kv_bytes,
+        kv_bytes_final=cache.kv_bytes(),
+        kv_peak_prefill=state.peak_bytes,
+        prefill_seconds=state.seconds,
+        decode_seconds=decode_seconds,
+        decode_steps=steps,
+        eviction_seconds=prefill_evict + (decode_policy.seconds if decode_policy else 0.0),
+        stop_reason=stop_reason,
+        first_logits=state.logits.detach().float().cpu(),
+    )

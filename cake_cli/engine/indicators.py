@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 def smooth(scores: torch.Tensor, kind: str, kernel: int) -> torch.Tensor:
     """1-D pooling along tokens, stride 1, padding kernel // 2 (authors' code: avg, k = 5).
 

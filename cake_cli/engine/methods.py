@@ -40,8 +40,16 @@ SNAPKV_POOL = ("max", 7)  # SnapKV's smoothing (spec §3)
 PYRAMID_BETA = 20  # PyramidKV's ratio between the top and bottom layers' budgets
 
 
-def token_scores(kind: str, a: torch.Tensor, positions: torch.Tensor, num_kv_heads: int, *,
-                 gamma: float, pool: tuple[str, int], column_var: torch.Tensor | None = None) -> torch.Tensor:
+def token_scores(
+    kind: str,
+    a: torch.Tensor,
+    positions: torch.Tensor,
+    num_kv_heads: int,
+    *,
+    gamma: float,
+    pool: tuple[str, int],
+    column_var: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Eviction indicator of candidate tokens for one layer; larger = keep.
 
     Args:
@@ -99,7 +107,6 @@ def static_budgets(kind: str, num_layers: int, total: int, cap: int) -> list[int
         weights = pyramid_weights(num_layers)
         return allocation.round_budgets(allocation.waterfill(weights, float(total), float(cap)), cap)
     raise ValueError(f"no static schedule for allocation {kind!r}")
-
 
 
 def with_method(base: CakeConfig, method: str) -> CakeConfig | None:

@@ -30,7 +30,7 @@ class _Recorder:
 
     def after_attention(self, cache, layer_idx, query, key, scaling, probs=None) -> None:
         if query.shape[2] > self.window:
-            self.attention[layer_idx] = window_attention(query[0, :, -self.window:, :], key[0], scaling)
+            self.attention[layer_idx] = window_attention(query[0, :, -self.window :, :], key[0], scaling)
 
 
 @dataclass
@@ -58,8 +58,9 @@ def record(model, input_ids: torch.Tensor, window: int) -> Recording:
     logits = _forward(model, cache, input_ids, 0, None)
     _sync(input_ids.device)
     cache.policy = None
-    return Recording(cache, [recorder.attention.get(i) for i in range(num_layers)], logits, window,
-                     time.perf_counter() - start)
+    return Recording(
+        cache, [recorder.attention.get(i) for i in range(num_layers)], logits, window, time.perf_counter() - start
+    )
 
 
 def replay(rec: Recording, config: CakeConfig | None) -> Prefilled:

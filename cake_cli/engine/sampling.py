@@ -40,7 +40,8 @@ class Sampler:
         if config.seed is not None:
             self.generator.manual_seed(config.seed)
         self.processors = LogitsProcessorList(
-            [NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size)] if config.no_repeat_ngram_size else [])
+            [NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size)] if config.no_repeat_ngram_size else []
+        )
         warpers = []
         if config.temperature > 0:
             warpers.append(TemperatureLogitsWarper(config.temperature))

@@ -37,4 +37,3 @@ def window_attention(query: torch.Tensor, key: torch.Tensor, scaling: float) -> 
         cols = torch.arange(n, device=key.device).unsqueeze(0)  # [1, n]
         logits.masked_fill_(cols > rows, float("-inf"))  # causal inside the window
     return torch.softmax(logits, dim=-1).view(num_heads, w, n)  # [H, w, n]
-

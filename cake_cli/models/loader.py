@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cake_cli.models import gguf as embedded
 from cake_cli.errors import CakeError, UsageError
+from cake_cli.models import gguf as embedded
 from cake_cli.models.profiles import Profile, find_profile, unknown_profile_error
 
 if TYPE_CHECKING:
@@ -30,8 +30,14 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "smollm2"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16",
-               "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
+DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SUPPORTED_TEXT = "the llama, mistral and qwen2 families"
 
@@ -68,9 +74,14 @@ def cake_home() -> Path:
     return Path(xdg).expanduser() / "cake-cli"
 
 
-def load_model(spec: str | None = None, *, dtype: str = "auto", device_map: str | None = None,
-               attn_implementation: str = "sdpa",
-               progress: Callable[[str], None] | None = None) -> LoadedModel:
+def load_model(
+    spec: str | None = None,
+    *,
+    dtype: str = "auto",
+    device_map: str | None = None,
+    attn_implementation: str = "sdpa",
+    progress: Callable[[str], None] | None = None,
+) -> LoadedModel:
     """Load a model and its tokenizer for CAKE.
 
     Args:
@@ -113,13 +124,18 @@ def load_model(spec: str | None = None, *, dtype: str = "auto", device_map: str 
     if progress:
         progress(f"loading {source.name} as {dtype_name} from {source.path}")
     if source.is_gguf:
-        model, tokenizer = embedded.load_gguf(source.path, torch_dtype, device_map=device_map,
-                                              attn_implementation=attn_implementation)
+        model, tokenizer = embedded.load_gguf(
+            source.path, torch_dtype, device_map=device_map, attn_implementation=attn_implementation
+        )
     else:
         model, tokenizer = _load_dir(source.path, torch_dtype, device_map, attn_implementation)
     return LoadedModel(
-        model=model, tokenizer=tokenizer, name=source.name, profile=source.profile,
-        dtype=model.dtype, device=model.get_input_embeddings().weight.device,
+        model=model,
+        tokenizer=tokenizer,
+        name=source.name,
+        profile=source.profile,
+        dtype=model.dtype,
+        device=model.get_input_embeddings().weight.device,
         load_seconds=time.perf_counter() - t0,
     )
 
@@ -156,8 +172,10 @@ def resolve_model(spec: str, progress: Callable[[str], None] | None = None) -> M
             raise _not_downloaded(None, spec, cake_home() / "models" / spec.split("/")[1])
         return _checked_dir(snapshot, spec, None)
     err = unknown_profile_error(spec, "model")
-    err.hint = (f"{err.hint}; or give a local model directory, a .gguf file, or a hub id "
-                "org/name already in the Hugging Face cache")
+    err.hint = (
+        f"{err.hint}; or give a local model directory, a .gguf file, or a hub id "
+        "org/name already in the Hugging Face cache"
+    )
     raise err
 
 
@@ -166,17 +184,19 @@ def _profile_source(profile: Profile, progress) -> ModelSource:
     if profile.embedded is not None:
         em = embedded.EMBEDDED_MODELS[profile.embedded]
         d = embedded.ensure_checkpoint(em, cake_home() / "models", progress)
-        return _checked_dir(d, name, profile,
-                            fix=f"delete {d} and rerun to convert the embedded model again")
+        return _checked_dir(d, name, profile, fix=f"delete {d} and rerun to convert the embedded model again")
     if profile.path is not None:
         if not profile.path.exists():
-            raise CakeError(f"profile {profile.name}: model path {profile.path} does not exist",
-                            hint=f"fix 'path' in {profile.source_file}")
+            raise CakeError(
+                f"profile {profile.name}: model path {profile.path} does not exist",
+                hint=f"fix 'path' in {profile.source_file}",
+            )
         return _local_source(profile.path, profile)
     local = cake_home() / "models" / profile.name
     if (local / "config.json").is_file():
-        return _checked_dir(local, name, profile,
-                            fix=f"finish the download: {_download_command(profile.hub_id, local)}")
+        return _checked_dir(
+            local, name, profile, fix=f"finish the download: {_download_command(profile.hub_id, local)}"
+        )
     snapshot = _hub_snapshot(profile.hub_id)
     if snapshot is None:
         raise _not_downloaded(profile.name, profile.hub_id, local)
@@ -201,9 +221,10 @@ def _download_command(hub_id: str, local: Path) -> str:
 def _not_downloaded(profile_name: str | None, hub_id: str, local: Path) -> CakeError:
     """The one-line error for weights absent from both ``local`` and the HF cache."""
     what = f"{profile_name} ({hub_id})" if profile_name else hub_id
-    return CakeError(f"model {what} is not downloaded, and cake-cli never downloads",
-                     hint=f"fetch it once with {_download_command(hub_id, local)}, then rerun "
-                          f"with --model {profile_name or local}")
+    return CakeError(
+        f"model {what} is not downloaded, and cake-cli never downloads",
+        hint=f"fetch it once with {_download_command(hub_id, local)}, then rerun with --model {profile_name or local}",
+    )
 
 
 def _hub_snapshot(hub_id: str) -> Path | None:
@@ -214,14 +235,14 @@ def _hub_snapshot(hub_id: str) -> Path | None:
     cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if not cache:
         hf_home = os.environ.get("HF_HOME") or str(
-            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
+            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+        )
         cache = str(Path(hf_home).expanduser() / "hub")
     found = try_to_load_from_cache(hub_id, "config.json", cache_dir=cache)
     return Path(found).parent if isinstance(found, str) else None
 
 
-def _checked_dir(d: Path, name: str, profile: Profile | None,
-                 fix: str | None = None) -> ModelSource:
+def _checked_dir(d: Path, name: str, profile: Profile | None, fix: str | None = None) -> ModelSource:
     """Check a model directory before loading any weight, or raise a one-line CakeError.
 
     Checks: config.json, weights (*.safetensors or pytorch_model*.bin) and a tokenizer
@@ -229,24 +250,29 @@ def _checked_dir(d: Path, name: str, profile: Profile | None,
     parses and its model_type is supported; every safetensors header parses and covers its file.
     """
     files = {f.name for f in d.iterdir()}
-    has_weights = any(f.endswith(".safetensors") or (f.startswith("pytorch_model")
-                                                     and f.endswith(".bin")) for f in files)
-    has_tok = bool({"tokenizer.json", "tokenizer.model"} & files) or {"vocab.json",
-                                                                       "merges.txt"} <= files
-    missing = [what for what, ok in (
-        ("config.json", "config.json" in files),
-        ("weights (*.safetensors or pytorch_model*.bin)", has_weights),
-        ("tokenizer (tokenizer.json or tokenizer.model)", has_tok)) if not ok]
+    has_weights = any(
+        f.endswith(".safetensors") or (f.startswith("pytorch_model") and f.endswith(".bin")) for f in files
+    )
+    has_tok = bool({"tokenizer.json", "tokenizer.model"} & files) or {"vocab.json", "merges.txt"} <= files
+    missing = [
+        what
+        for what, ok in (
+            ("config.json", "config.json" in files),
+            ("weights (*.safetensors or pytorch_model*.bin)", has_weights),
+            ("tokenizer (tokenizer.json or tokenizer.model)", has_tok),
+        )
+        if not ok
+    ]
     if missing:
-        raise CakeError(f"{d} is not a complete model directory: missing {', '.join(missing)}",
-                        hint=fix or "a model directory needs config.json, weights and a "
-                                    "tokenizer (as written by save_pretrained)")
+        raise CakeError(
+            f"{d} is not a complete model directory: missing {', '.join(missing)}",
+            hint=fix or "a model directory needs config.json, weights and a tokenizer (as written by save_pretrained)",
+        )
     config = d / "config.json"
     try:
         model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError) as e:
-        raise CakeError(f"corrupt config file {config} ({embedded.first_line(e)})",
-                        hint=fix) from e
+        raise CakeError(f"corrupt config file {config} ({embedded.first_line(e)})", hint=fix) from e
     _check_arch(model_type, config)
     from safetensors import SafetensorError, safe_open
 
@@ -255,16 +281,19 @@ def _checked_dir(d: Path, name: str, profile: Profile | None,
             with safe_open(str(f), "pt"):
                 pass
         except (SafetensorError, OSError) as e:
-            raise CakeError(f"corrupt or truncated weights file {f} ({embedded.first_line(e)})",
-                            hint=fix or "download or convert the model again") from e
+            raise CakeError(
+                f"corrupt or truncated weights file {f} ({embedded.first_line(e)})",
+                hint=fix or "download or convert the model again",
+            ) from e
     return ModelSource(d, name, profile)
 
 
 def _check_arch(model_type: str | None, where: Path) -> None:
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise CakeError(f"unsupported architecture {model_type!r} ({where}): cake-cli supports "
-                        f"{_SUPPORTED_TEXT} only",
-                        hint="use a Llama, Mistral or Qwen2 model, e.g. --model smollm2")
+        raise CakeError(
+            f"unsupported architecture {model_type!r} ({where}): cake-cli supports {_SUPPORTED_TEXT} only",
+            hint="use a Llama, Mistral or Qwen2 model, e.g. --model smollm2",
+        )
 
 
 def _check_dtype(dtype: str) -> str | None:
@@ -285,8 +314,8 @@ def _load_dir(d: Path, dtype: torch.dtype, device_map, attn_implementation: str)
     try:
         tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            d, dtype=dtype, device_map=device_map, attn_implementation=attn_implementation,
-            local_files_only=True)
+            d, dtype=dtype, device_map=device_map, attn_implementation=attn_implementation, local_files_only=True
+        )
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
         raise CakeError(f"cannot load the model in {d} ({embedded.first_line(e)})") from e
     return model.eval(), tokenizer

@@ -18,8 +18,9 @@ from typing import Any
 
 import yaml
 
-from cake_cli.models.gguf import EMBEDDED_MODELS
 from cake_cli.errors import CakeError, UsageError
+from cake_cli.models.gguf import EMBEDDED_MODELS
+
 SCHEMA_VERSION = 1
 DTYPES = ("float32", "bfloat16", "float16")
 POOLING_KINDS = ("avg", "max")
@@ -28,8 +29,19 @@ TAU_RULES = ("log-linear", "nearest")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
-_REQUIRED = ("version", "name", "description", "dtype", "max_prompt_tokens", "window", "gamma",
-             "pooling", "taus", "tau_rule", "tau_source")
+_REQUIRED = (
+    "version",
+    "name",
+    "description",
+    "dtype",
+    "max_prompt_tokens",
+    "window",
+    "gamma",
+    "pooling",
+    "taus",
+    "tau_rule",
+    "tau_source",
+)
 _OPTIONAL = ("aliases", "hub_id", "embedded", "path")
 _SOURCES = ("hub_id", "embedded", "path")
 
@@ -126,8 +138,6 @@ class Profile:
         )
 
 
-
-
 def parse_profile(file: Path) -> Profile:
     """Read and strictly validate one profile file.
 
@@ -151,8 +161,9 @@ def parse_profile(file: Path) -> Profile:
     if "version" not in data:
         raise bad("missing key 'version'", hint=f"add `version: {SCHEMA_VERSION}`")
     if data["version"] != SCHEMA_VERSION or isinstance(data["version"], bool):
-        raise bad(f"unsupported version {data['version']!r}",
-                  hint=f"this cake-cli reads profile version {SCHEMA_VERSION}")
+        raise bad(
+            f"unsupported version {data['version']!r}", hint=f"this cake-cli reads profile version {SCHEMA_VERSION}"
+        )
     _check_keys(data, _REQUIRED, _OPTIONAL, "", bad)
 
     name = _str(data, "name", bad)
@@ -161,8 +172,7 @@ def parse_profile(file: Path) -> Profile:
     if name != file.stem:
         raise bad(f"name {name!r} differs from the file name", hint=f"rename it {name}.yaml")
     aliases = data.get("aliases", [])
-    if not isinstance(aliases, list) or not all(isinstance(a, str) and _NAME_RE.match(a)
-                                                for a in aliases):
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and _NAME_RE.match(a) for a in aliases):
         raise bad("'aliases' must be a list of lower-case names")
 
     sources = [k for k in _SOURCES if k in data]
@@ -176,8 +186,7 @@ def parse_profile(file: Path) -> Profile:
     if "embedded" in data:
         embedded = _str(data, "embedded", bad)
         if embedded not in EMBEDDED_MODELS:
-            raise bad(f"unknown embedded model {embedded!r}",
-                      hint=f"known: {', '.join(EMBEDDED_MODELS)}")
+            raise bad(f"unknown embedded model {embedded!r}", hint=f"known: {', '.join(EMBEDDED_MODELS)}")
     if "path" in data:
         path = Path(_str(data, "path", bad)).expanduser()
         if not path.is_absolute():
@@ -209,8 +218,9 @@ def parse_profile(file: Path) -> Profile:
         if not isinstance(t, dict):
             raise bad(f"taus[{i}] must be a mapping like {{budget: 128, tau1: 1.0, tau2: 1.0}}")
         _check_keys(t, ("budget", "tau1", "tau2"), (), where, bad)
-        points.append(TauPoint(_int(t, "budget", bad, where), _float(t, "tau1", bad, where),
-                               _float(t, "tau2", bad, where)))
+        points.append(
+            TauPoint(_int(t, "budget", bad, where), _float(t, "tau1", bad, where), _float(t, "tau2", bad, where))
+        )
     points.sort(key=lambda p: p.budget)
     budgets = [p.budget for p in points]
     if len(set(budgets)) != len(budgets):
@@ -238,8 +248,10 @@ def parse_profile(file: Path) -> Profile:
 def _check_keys(d: dict, required, optional, where: str, bad) -> None:
     unknown = [k for k in d if k not in required and k not in optional]
     if unknown:
-        raise bad(f"unknown key '{where}{unknown[0]}'",
-                  hint=f"allowed keys: {', '.join(where + k for k in (*required, *optional))}")
+        raise bad(
+            f"unknown key '{where}{unknown[0]}'",
+            hint=f"allowed keys: {', '.join(where + k for k in (*required, *optional))}",
+        )
     missing = [k for k in required if k not in d]
     if missing:
         raise bad(f"missing key '{where}{missing[0]}'")
@@ -261,8 +273,12 @@ def _int(d: dict, key: str, bad, where: str = "") -> int:
 
 def _float(d: dict, key: str, bad, where: str = "", positive: bool = True) -> float:
     v: Any = d[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (
-            v <= 0 if positive else v < 0):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or not math.isfinite(v)
+        or (v <= 0 if positive else v < 0)
+    ):
         kind = "positive" if positive else "non-negative"
         raise bad(f"'{where}{key}' must be a {kind} number (got {v!r})")
     return float(v)

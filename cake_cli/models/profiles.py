@@ -20,7 +20,13 @@ from pathlib import Path
 
 from cake_cli.errors import CakeError
 from cake_cli.models.profile_schema import (  # noqa: F401 - re-exported: the public profile API
-    SCHEMA_VERSION, Pooling, Profile, TauChoice, TauPoint, parse_profile)
+    SCHEMA_VERSION,
+    Pooling,
+    Profile,
+    TauChoice,
+    TauPoint,
+    parse_profile,
+)
 
 
 def _shipped_dir() -> Path | None:
@@ -63,8 +69,7 @@ def list_profiles() -> list[Profile]:
             other = owner.get(key)
             if other is not None and other is not p:
                 raise CakeError(
-                    f"profile name or alias {key!r} is claimed by both {other.source_file} and "
-                    f"{p.source_file}",
+                    f"profile name or alias {key!r} is claimed by both {other.source_file} and {p.source_file}",
                     hint="rename or remove one of them",
                 )
             owner[key] = p
@@ -76,9 +81,11 @@ def find_profile(name_or_alias: str) -> Profile | None:
     or None."""
     key = name_or_alias.strip().lower()
     profiles = list_profiles()
-    return (next((p for p in profiles if p.name == key), None)
-            or next((p for p in profiles if key in p.aliases), None)
-            or next((p for p in profiles if p.hub_id and p.hub_id.lower() == key), None))
+    return (
+        next((p for p in profiles if p.name == key), None)
+        or next((p for p in profiles if key in p.aliases), None)
+        or next((p for p in profiles if p.hub_id and p.hub_id.lower() == key), None)
+    )
 
 
 def load_profile(name_or_alias: str) -> Profile:

@@ -28,7 +28,9 @@ TOKENS_PER_LINE = 24  # generation allowance per requested line, tokens (code li
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what editors and Python's tokenizer count as a new line
 _CHAT_OPENER = re.compile(
     r"^(here(?:'s| is| are)|sure\b|certainly\b|of course\b|below\b|the (?:following|completed|next|rest)\b|"
-    r"this (?:code|function|completes)\b|i(?:'ll| will| have)\b|let(?:'s| me)\b|to complete\b|note\b)", re.IGNORECASE)
+    r"this (?:code|function|completes)\b|i(?:'ll| will| have)\b|let(?:'s| me)\b|to complete\b|note\b)",
+    re.IGNORECASE,
+)
 _CODE_PUNCTUATION = re.compile(r"[()\[\]{}=;#<>\"'`_]")
 
 
@@ -39,8 +41,7 @@ def is_prose(line: str) -> bool:
     text = line.strip()
     if _CHAT_OPENER.match(text):
         return True
-    return (len(text.split()) >= 4 and text[0].isupper() and text[-1] in ".:!"
-            and not _CODE_PUNCTUATION.search(text))
+    return len(text.split()) >= 4 and text[0].isupper() and text[-1] in ".:!" and not _CODE_PUNCTUATION.search(text)
 
 
 def is_fence(line: str) -> bool:
@@ -125,8 +126,10 @@ def cut_at_line(text: str, at_line: int) -> str:
     """
     lines = _LINE_BREAK.split(text)
     if at_line < 2 or at_line > len(lines) + 1:
-        raise UsageError(f"--at {at_line} is outside the file (lines 2 to {len(lines) + 1} can be completed)",
-                         "give the 1-based number of the first line to predict")
+        raise UsageError(
+            f"--at {at_line} is outside the file (lines 2 to {len(lines) + 1} can be completed)",
+            "give the 1-based number of the first line to predict",
+        )
     context = "\n".join(lines[: at_line - 1]).rstrip()
     if not context.strip():
         raise UsageError(f"nothing but blank lines before line {at_line}", "choose a later --at line")

@@ -71,9 +71,7 @@ class Document:
     warnings: tuple[str, ...] = ()
 
 
-def load_document(
-    source: str, *, password: str | None = None, stdin: BinaryIO | None = None
-) -> Document:
+def load_document(source: str, *, password: str | None = None, stdin: BinaryIO | None = None) -> Document:
     """Read ``source`` (a path, or ``"-"`` for ``stdin``) and return its normalised text.
 
     Args:
@@ -93,8 +91,9 @@ def load_document(
     if data[:_BINARY_SNIFF_BYTES].lstrip().startswith(PDF_MAGIC):
         return _load_pdf(data, name, password)
     if source != "-" and Path(source).suffix.lower() == ".pdf":
-        raise CakeError(f"{name} is not a PDF (it does not start with %PDF-)",
-                        "re-download it; if it is text, rename it to .txt")
+        raise CakeError(
+            f"{name} is not a PDF (it does not start with %PDF-)", "re-download it; if it is text, rename it to .txt"
+        )
     text, warnings = decode_text(data, name)
     text = normalize_text(text)
     if not text.strip():
@@ -162,8 +161,7 @@ def decode_text(data: bytes, name: str) -> tuple[str, list[str]]:
     bad = text.count("\ufffd") - data.count("\ufffd".encode())
     multibyte = len(text) - len(text.encode("ascii", errors="ignore")) - bad  # valid non-ASCII
     if multibyte > 0:
-        return text, [f"{name}: not valid UTF-8; replaced {bad} undecodable byte sequence(s) "
-                      "with U+FFFD"]
+        return text, [f"{name}: not valid UTF-8; replaced {bad} undecodable byte sequence(s) with U+FFFD"]
     try:
         text = data.decode("cp1252")
         return text, [f"{name}: not UTF-8; decoded as cp1252 (Windows Western European)"]
@@ -176,9 +174,7 @@ def _looks_binary(data: bytes) -> bool:
     if b"\x00" in data[:_BINARY_SNIFF_BYTES]:
         return True
     head = data[:_CONTROL_SNIFF_BYTES]
-    controls = sum(
-        1 for byte in head if (byte < 0x20 or byte == 0x7F) and byte not in _TEXT_CONTROLS
-    )
+    controls = sum(1 for byte in head if (byte < 0x20 or byte == 0x7F) and byte not in _TEXT_CONTROLS)
     return controls > _MAX_CONTROL_SHARE * len(head)
 
 
@@ -193,20 +189,22 @@ def _load_pdf(data: bytes, name: str, password: str | None) -> Document:
     raw_pages, scanned_pages, warnings = pdf.extract_pages(data, name, password)
     pages = [normalize_text(page) for page in raw_pages]
     if not any(page.strip() for page in pages):
-        raise CakeError(f"{name} has no text on any page; it looks scanned",
-                        "run OCR first, e.g. `ocrmypdf in.pdf out.pdf`, then pass out.pdf")
+        raise CakeError(
+            f"{name} has no text on any page; it looks scanned",
+            "run OCR first, e.g. `ocrmypdf in.pdf out.pdf`, then pass out.pdf",
+        )
     empty = [number for number, page in enumerate(pages, 1) if not page.strip()]
     scanned = [number for number in empty if number in scanned_pages]
     blank = [number for number in empty if number not in scanned_pages]
     if scanned:
-        warnings.append(f"{name}: page(s) {pdf.format_pages(scanned)} of {len(pages)} have images "
-                        "but no text (scanned?); run OCR (e.g. ocrmypdf) to include them")
+        warnings.append(
+            f"{name}: page(s) {pdf.format_pages(scanned)} of {len(pages)} have images "
+            "but no text (scanned?); run OCR (e.g. ocrmypdf) to include them"
+        )
     if blank:
-        warnings.append(f"{name}: page(s) {pdf.format_pages(blank)} of {len(pages)} have no text; "
-                        "skipped")
+        warnings.append(f"{name}: page(s) {pdf.format_pages(blank)} of {len(pages)} have no text; skipped")
     text, offsets = join_pages(pages)
-    return Document(text=text, source=name, kind="pdf", page_offsets=offsets,
-                    warnings=tuple(warnings))
+    return Document(text=text, source=name, kind="pdf", page_offsets=offsets, warnings=tuple(warnings))
 
 
 def join_pages(pages: list[str]) -> tuple[str, tuple[int, ...]]:
@@ -259,6 +257,7 @@ def _read_stdin(stdin: BinaryIO | None) -> bytes:
     if stream is None:
         raise CakeError("no stdin to read from", "pass a file path instead of -")
     if stdin is None and stream.isatty():
-        raise CakeError("- reads stdin, but stdin is a terminal",
-                        "pipe text in, e.g. `cat notes.txt | cake summarize -`")
+        raise CakeError(
+            "- reads stdin, but stdin is a terminal", "pipe text in, e.g. `cat notes.txt | cake summarize -`"
+        )
     return stream.read()

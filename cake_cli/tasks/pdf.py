@@ -41,9 +41,7 @@ _HYPHENATED_WORD = re.compile(r"(?<![\w\-.])([^\W\d_]+)\ufffe(?=([^\W\d_]))")
 _REPAIR_HINT = "re-download it, or repair it first, e.g. `qpdf in.pdf repaired.pdf`"
 
 
-def extract_pages(
-    data: bytes, source: str, password: str | None = None
-) -> tuple[list[str], set[int], list[str]]:
+def extract_pages(data: bytes, source: str, password: str | None = None) -> tuple[list[str], set[int], list[str]]:
     """Extract the raw text of every page of a PDF.
 
     Args:
@@ -79,8 +77,7 @@ def extract_pages(
         doc.close()
     warnings = []
     if broken:
-        warnings.append(f"{source}: could not read page(s) {format_pages(broken)} (damaged); "
-                        "skipped them")
+        warnings.append(f"{source}: could not read page(s) {format_pages(broken)} (damaged); skipped them")
     return pages, scanned_pages, warnings
 
 
@@ -151,8 +148,10 @@ def _open(data: bytes, source: str, password: str | None) -> pypdfium2.PdfDocume
                 raise CakeError(message, "check the --password value") from None
             code = error.err_code
     if code == pdfium_c.FPDF_ERR_SECURITY:
-        raise CakeError(f"{source} uses an encryption scheme PDFium does not support",
-                        "decrypt it first, e.g. `qpdf --decrypt --password=PW in.pdf out.pdf`")
+        raise CakeError(
+            f"{source} uses an encryption scheme PDFium does not support",
+            "decrypt it first, e.g. `qpdf --decrypt --password=PW in.pdf out.pdf`",
+        )
     if code == pdfium_c.FPDF_ERR_SUCCESS:  # opened, but the page tree is empty
         raise CakeError(f"{source} has no pages", _REPAIR_HINT)
     raise CakeError(f"{source} is damaged and could not be repaired", _REPAIR_HINT)

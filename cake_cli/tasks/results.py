@@ -123,9 +123,17 @@ def layer_results(rows) -> tuple[LayerResult, ...]:
     """LayerResults from the engine's per-layer rows (`engine.generate.LayerRow`: layer, stats,
     budget, kept); preference shares are P_l / sum P from the stored log P."""
     shares = preference_shares([row.stats.log_preference if row.stats else None for row in rows])
-    return tuple(LayerResult(row.layer, row.stats.dispersion if row.stats else None,
-                             row.stats.shift if row.stats else None, share, row.budget, row.kept)
-                 for row, share in zip(rows, shares))
+    return tuple(
+        LayerResult(
+            row.layer,
+            row.stats.dispersion if row.stats else None,
+            row.stats.shift if row.stats else None,
+            share,
+            row.budget,
+            row.kept,
+        )
+        for row, share in zip(rows, shares)
+    )
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from cake_cli.errors import CakeError, UsageError
 from cake_cli.tasks.results import RunResult, layer_results
 
 if TYPE_CHECKING:
-    from cake_cli.tasks.documents import Document
     from cake_cli.engine.config import CakeConfig
     from cake_cli.models.loader import LoadedModel
+    from cake_cli.tasks.documents import Document
     from cake_cli.tasks.templates import Prompt, Template
 
 
@@ -118,9 +118,16 @@ def cake_config_for(profile, request: TaskRequest):
         choice = profile.taus_for(request.budget) if request.budget > 0 else None
         tau1, tau2, rule = (choice.tau1, choice.tau2, choice.rule) if choice else (1.0, 1.0, "")
         window, gamma, pool = profile.window, profile.gamma, (profile.pooling.kind, profile.pooling.kernel)
-    config = CakeConfig(budget=request.budget, window=request.window if request.window is not None else window,
-                        tau1=tau1, tau2=tau2, gamma=gamma, pool_kind=pool[0], pool_kernel=pool[1],
-                        decode_policy=request.decode_policy)
+    config = CakeConfig(
+        budget=request.budget,
+        window=request.window if request.window is not None else window,
+        tau1=tau1,
+        tau2=tau2,
+        gamma=gamma,
+        pool_kind=pool[0],
+        pool_kernel=pool[1],
+        decode_policy=request.decode_policy,
+    )
     from cake_cli.engine.methods import METHODS
 
     if request.method not in METHODS:
@@ -138,10 +145,10 @@ def prepare(request: TaskRequest, cb: Callbacks) -> Prepared:
     Raises:
         CakeError: bad document, model or options (one line with a hint).
     """
-    from cake_cli.tasks.code import DEFAULT_LINES, context_before, max_new_tokens_for
-    from cake_cli.tasks.documents import load_document
     from cake_cli.engine.attention import default_backend, use_cake_attention
     from cake_cli.models.loader import load_model, profile_of
+    from cake_cli.tasks.code import DEFAULT_LINES, context_before, max_new_tokens_for
+    from cake_cli.tasks.documents import load_document
     from cake_cli.tasks.templates import build_prompt, check_inputs, load_template
 
     warnings: list[str] = []
@@ -152,37 +159,53 @@ def prepare(request: TaskRequest, cb: Callbacks) -> Prepared:
     if request.max_lines is not None and request.max_lines < 1:
         raise UsageError(f"--lines must be at least 1 (got {request.max_lines})", "e.g. --lines 5")
     if request.at_line is not None and request.at_line < 2:
-        raise UsageError(f"--at must be at least 2 (got {request.at_line}): line 1 has nothing before it",
-                         "give the 1-based number of the first line to predict")
+        raise UsageError(
+            f"--at must be at least 2 (got {request.at_line}): line 1 has nothing before it",
+            "give the 1-based number of the first line to predict",
+        )
     doc = load_document(request.document, password=request.password)
     for message in doc.warnings:
         _warn(cb, warnings, message)
     text = context_before(doc, request.at_line) if request.at_line is not None else doc.text
-    loaded = load_model(request.model, dtype=request.dtype, device_map=request.device_map,
-                        progress=cb.on_status)
+    loaded = load_model(request.model, dtype=request.dtype, device_map=request.device_map, progress=cb.on_status)
     backend = default_backend(loaded.device) if request.attention == "auto" else request.attention
     try:
         use_cake_attention(loaded.model, backend)
     except ValueError as exc:
         raise CakeError(str(exc), "use --attention sdpa or eager") from None
     if loaded.profile is None:
-        _warn(cb, warnings, f"no profile for {loaded.name}: using tau1 = tau2 = 1.0, window 32, gamma 200 "
-              "(the CAKE authors' fallback); add a profile with tuned taus for better allocation")
+        _warn(
+            cb,
+            warnings,
+            f"no profile for {loaded.name}: using tau1 = tau2 = 1.0, window 32, gamma 200 "
+            "(the CAKE authors' fallback); add a profile with tuned taus for better allocation",
+        )
     max_new = request.max_new_tokens
     if max_new is None:
-        max_new = template.max_new_tokens if template.output != "code" else \
-            max_new_tokens_for(request.max_lines or DEFAULT_LINES, template.max_new_tokens)
-    limit = loaded.profile.max_prompt_tokens if loaded.profile else \
-        int(getattr(loaded.model.config, "max_position_embeddings", 4096)) - max_new
-    prompt = build_prompt(loaded.tokenizer, template, text, max_prompt_tokens=limit,
-                          truncate=request.truncate, **request.fields)
+        max_new = (
+            template.max_new_tokens
+            if template.output != "code"
+            else max_new_tokens_for(request.max_lines or DEFAULT_LINES, template.max_new_tokens)
+        )
+    limit = (
+        loaded.profile.max_prompt_tokens
+        if loaded.profile
+        else int(getattr(loaded.model.config, "max_position_embeddings", 4096)) - max_new
+    )
+    prompt = build_prompt(
+        loaded.tokenizer, template, text, max_prompt_tokens=limit, truncate=request.truncate, **request.fields
+    )
     for message in prompt.warnings:
         _warn(cb, warnings, message)
     if request.method == "full":  # the full cache: a budget that evicts nothing, growing while decoding
         config = replace(config, budget=max(config.budget, len(prompt.input_ids)), decode_policy="grow")
     elif len(prompt.input_ids) <= config.budget:
-        _warn(cb, warnings, f"the budget ({config.budget}) is not smaller than the prompt ({len(prompt.input_ids)} "
-              "tokens): nothing is evicted (0% saved), output equals the full cache")
+        _warn(
+            cb,
+            warnings,
+            f"the budget ({config.budget}) is not smaller than the prompt ({len(prompt.input_ids)} "
+            "tokens): nothing is evicted (0% saved), output equals the full cache",
+        )
     return Prepared(template, doc, loaded, backend, config, tau_rule, prompt, max_new, warnings)
 
 
@@ -197,8 +220,8 @@ def run_task(request: TaskRequest, callbacks: Callbacks | None = None) -> RunRes
     """
     import torch
 
-    from cake_cli.tasks.code import DEFAULT_LINES, CodeFilter, filter_code
     from cake_cli.engine.generate import generate
+    from cake_cli.tasks.code import DEFAULT_LINES, CodeFilter, filter_code
 
     cb = callbacks or Callbacks()
     prep = prepare(request, cb)
@@ -208,27 +231,42 @@ def run_task(request: TaskRequest, callbacks: Callbacks | None = None) -> RunRes
     lines = request.max_lines or DEFAULT_LINES
     on_text, code_stream = cb.on_text, CodeFilter(lines)
     if on_text and template.output == "code":
+
         def on_text(piece: str) -> None:  # stream whole lines of code only
             out = code_stream.feed(piece)
             if out:
                 cb.on_text(out)
+
     streamer = _streamer(loaded.tokenizer, on_text) if on_text else None
     input_ids = torch.tensor([prep.prompt.input_ids], device=loaded.device)
     if cb.on_status:
-        cb.on_status(f"prefill: {len(prep.prompt.input_ids)} tokens through {loaded.model.config.num_hidden_layers} "
-                     "layers")
+        cb.on_status(
+            f"prefill: {len(prep.prompt.input_ids)} tokens through {loaded.model.config.num_hidden_layers} layers"
+        )
     from cake_cli.engine.cache import NonFiniteError
 
     try:
-        result = generate(loaded.model, input_ids, config, max_new_tokens=prep.max_new_tokens, sampling=sampling,
-                          stop_ids=stop_token_ids(loaded), on_layer=cb.on_layer,
-                          on_token=(lambda t: streamer.put(torch.tensor([t]))) if streamer else None)
+        result = generate(
+            loaded.model,
+            input_ids,
+            config,
+            max_new_tokens=prep.max_new_tokens,
+            sampling=sampling,
+            stop_ids=stop_token_ids(loaded),
+            on_layer=cb.on_layer,
+            on_token=(lambda t: streamer.put(torch.tensor([t]))) if streamer else None,
+        )
     except NonFiniteError as exc:
-        raise CakeError(f"{exc} with --dtype {prep.loaded.dtype}".replace("torch.", ""),
-                        "use --dtype bfloat16 or float32") from None
+        raise CakeError(
+            f"{exc} with --dtype {prep.loaded.dtype}".replace("torch.", ""), "use --dtype bfloat16 or float32"
+        ) from None
     if result.stop_reason == "max_positions":
-        _warn(cb, warnings, f"generation stopped at the model's {loaded.model.config.max_position_embeddings}-position "
-              "limit; use a shorter document or fewer --max-new-tokens")
+        _warn(
+            cb,
+            warnings,
+            f"generation stopped at the model's {loaded.model.config.max_position_embeddings}-position "
+            "limit; use a shorter document or fewer --max-new-tokens",
+        )
     if streamer:
         streamer.end()
     text = loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
@@ -240,23 +278,48 @@ def run_task(request: TaskRequest, callbacks: Callbacks | None = None) -> RunRes
                 cb.on_text(tail)
         answer, raw_answer = filter_code(text, lines), text
         if not answer:
-            _warn(cb, warnings, "the model produced no code (only prose, fences or blank lines); see raw_answer in --json")
+            _warn(
+                cb, warnings, "the model produced no code (only prose, fences or blank lines); see raw_answer in --json"
+            )
     if template.locate:
         location = _locate(answer, prep.doc, cb, warnings)
     return RunResult(
-        task=request.task, answer=answer, model=loaded.name, device=str(loaded.device),
-        dtype=str(loaded.dtype).replace("torch.", ""), attention=prep.backend, prompt_tokens=result.prompt_tokens,
-        document_tokens=prep.prompt.document_tokens, original_document_tokens=prep.prompt.original_document_tokens,
-        budget=config.budget, window=config.window, tau1=config.tau1, tau2=config.tau2, tau_rule=prep.tau_rule,
-        gamma=config.gamma, decode_policy=config.decode_policy, evicted=result.evicted,
-        method=request.method, allocation=config.allocation, indicator=config.indicator,
+        task=request.task,
+        answer=answer,
+        model=loaded.name,
+        device=str(loaded.device),
+        dtype=str(loaded.dtype).replace("torch.", ""),
+        attention=prep.backend,
+        prompt_tokens=result.prompt_tokens,
+        document_tokens=prep.prompt.document_tokens,
+        original_document_tokens=prep.prompt.original_document_tokens,
+        budget=config.budget,
+        window=config.window,
+        tau1=config.tau1,
+        tau2=config.tau2,
+        tau_rule=prep.tau_rule,
+        gamma=config.gamma,
+        decode_policy=config.decode_policy,
+        evicted=result.evicted,
+        method=request.method,
+        allocation=config.allocation,
+        indicator=config.indicator,
         layers=layer_results(result.layers),
-        kv_bytes_full=result.kv_bytes_full, kv_bytes_kept=result.kv_bytes_kept,
-        kv_bytes_final=result.kv_bytes_final, kv_peak_prefill=result.kv_peak_prefill,
-        load_seconds=loaded.load_seconds, prefill_seconds=result.prefill_seconds,
-        decode_seconds=result.decode_seconds, decode_steps=result.decode_steps,
-        generated_tokens=len(result.token_ids), eviction_seconds=result.eviction_seconds,
-        stop_reason=result.stop_reason, warnings=tuple(warnings), location=location, raw_answer=raw_answer)
+        kv_bytes_full=result.kv_bytes_full,
+        kv_bytes_kept=result.kv_bytes_kept,
+        kv_bytes_final=result.kv_bytes_final,
+        kv_peak_prefill=result.kv_peak_prefill,
+        load_seconds=loaded.load_seconds,
+        prefill_seconds=result.prefill_seconds,
+        decode_seconds=result.decode_seconds,
+        decode_steps=result.decode_steps,
+        generated_tokens=len(result.token_ids),
+        eviction_seconds=result.eviction_seconds,
+        stop_reason=result.stop_reason,
+        warnings=tuple(warnings),
+        location=location,
+        raw_answer=raw_answer,
+    )
 
 
 def _locate(answer: str, doc, cb: Callbacks, warnings: list[str]):
@@ -268,6 +331,10 @@ def _locate(answer: str, doc, cb: Callbacks, warnings: list[str]):
 
     location, score = locate(answer, doc.text, page_of=partial(page_of_offset, doc))
     if location is None:
-        _warn(cb, warnings, f"the answer matches no passage of the document closely (best similarity {score:.0f} < "
-              f"{THRESHOLD:.0f}): no location reported")
+        _warn(
+            cb,
+            warnings,
+            f"the answer matches no passage of the document closely (best similarity {score:.0f} < "
+            f"{THRESHOLD:.0f}): no location reported",
+        )
     return location

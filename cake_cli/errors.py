@@ -1,8 +1,13 @@
-"""One project error type: raised deep, formatted once at the top (cli.main)."""
+"""One project error type: raised deep, formatted once at the top (`cake_cli.cli.app.handled`).
+
+Also the two helpers every error message uses: the first line of an exception and "did you mean".
+"""
 
 from __future__ import annotations
 
-EXIT_OK = 0
+import difflib
+from collections.abc import Iterable
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -33,3 +38,21 @@ class UsageError(CakeError):
 
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message, hint, exit_code=EXIT_USAGE)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when empty), for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def did_you_mean(name: str, valid: Iterable[str], n: int = 3) -> str:
+    """'; did you mean 'a' or 'b'?' for the names in `valid` close to `name` (case-insensitive), else ''."""
+    close = difflib.get_close_matches(name.strip().lower(), list(valid), n=n, cutoff=0.5)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def unknown_name(what: str, name: str, valid: Iterable[str]) -> UsageError:
+    """A UsageError for an unknown `what` (method, indicator, task, …) with "did you mean" and the valid names."""
+    valid = list(valid)
+    return UsageError(f"unknown {what} '{name}'{did_you_mean(name, valid)}", f"choose one of {', '.join(valid)}")

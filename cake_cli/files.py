@@ -1,52 +1,149 @@
-"""Atomic output files: an interrupted or failed run never leaves a partial file and never
-clobbers an existing one."""
+"""Atomic files and folders: an interrupted or failed write never leaves a partial file and never
+clobbers the old one.
+
+Every writer in cake-cli goes through here: ``-o/--output`` files, benchmark results, profile
+edits, saved caches, converted model checkpoints. A file is written to a temporary file in the
+same folder, flushed and fsynced, given the mode a plain ``open()`` would give it (the old file's
+mode when replacing one), then renamed over the target.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from cake_cli.errors import CakeError
 
+STALE_SECONDS = 3600  # leftovers of an interrupted folder write older than this are removed
 
-def check_writable(path: str | os.PathLike) -> Path:
-    """Fail early (before any model work) when `path` cannot be written.
+
+def _plain_mode(target: Path) -> int:
+    """The mode `open(target, "w")` would leave: the existing file's, else 0o666 minus the umask."""
+    try:
+        return target.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def check_writable(path: str | os.PathLike, what: str = "output file") -> Path:
+    """Fail early (before any model work) when `path` cannot be written as a regular file.
 
     Raises:
-        CakeError: the parent folder is missing or not writable, or `path` is a directory.
+        CakeError: the target is a directory or not a regular file (e.g. /proc/version), its
+            folder is missing, or the folder is not writable.
     """
     target = Path(path).expanduser()
     parent = target.parent if str(target.parent) else Path(".")
     if target.is_dir():
-        raise CakeError(f"--output {target} is a directory", "give a file name, e.g. --output summary.txt")
+        raise CakeError(f"{what} {target} is a directory", "give a file name, e.g. summary.txt")
+    if target.exists() and not target.is_file():
+        raise CakeError(f"{what} {target} is not a regular file", "choose a file in a folder you own")
     if not parent.is_dir():
-        raise CakeError(f"--output folder {parent} does not exist", f"create it first: mkdir -p {parent}")
-    if not os.access(parent, os.W_OK):
-        raise CakeError(f"cannot write to {parent}", "choose a folder you can write to")
+        raise CakeError(f"{what} folder {parent} does not exist", f"create it first: mkdir -p {parent}")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise CakeError(f"cannot write {what} {target}", "choose a folder you can write to")
     return target
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write `text` (UTF-8) to `path` via a temporary file in the same folder and a rename.
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", what: str = "file") -> Iterator[IO]:
+    """Open a temporary file next to `path`; on a clean exit it replaces `path` atomically.
 
-    Returns:
-        The final path.
+    Args:
+        path: the final file.
+        mode: "w" (UTF-8 text) or "wb".
+        what: how error messages name the file.
 
     Raises:
-        CakeError: the file could not be written (the old file, if any, is left untouched).
+        CakeError: the folder cannot be written or the disk is full (the old file is untouched).
     """
-    target = check_writable(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    if mode not in ("w", "wb"):
+        raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
+    target = check_writable(path, what)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise CakeError(f"could not write {target}: {exc.strerror}", "check the disk and permissions") from None
+    try:
+        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _plain_mode(target))
         os.replace(tmp, target)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError):
             raise CakeError(f"could not write {target}: {exc.strerror}", "check the disk and permissions") from None
         raise
-    return target
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, what: str = "file") -> Path:
+    """Write `data` (str as UTF-8, or bytes) to `path` atomically; returns the final path.
+
+    Raises:
+        CakeError: see `atomic_open`.
+    """
+    with atomic_open(path, "wb" if isinstance(data, bytes) else "w", what) as f:
+        f.write(data)
+    return Path(path).expanduser()
+
+
+@contextmanager
+def atomic_dir(dest: Path) -> Iterator[Path]:
+    """Build a folder in a temporary sibling of `dest`; on a clean exit it replaces `dest`.
+
+    Leftovers of builds killed more than an hour ago are removed first. On any error the
+    temporary folder is deleted and `dest` (old or absent) is untouched. OSErrors propagate
+    (callers know what the folder is and how to phrase the fix).
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(dest)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; this is an ordinary cache folder
+    try:
+        yield tmp
+        _install(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _install(tmp: Path, dest: Path) -> None:
+    """Rename the finished `tmp` to `dest`, replacing an older `dest` if there is one."""
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        os.rename(dest, old)
+        os.rename(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        if not dest.is_dir():  # not a concurrent build finishing first
+            raise
+
+
+def _remove_stale(dest: Path) -> None:
+    """Delete temporary folders left by builds of `dest` killed more than an hour ago."""
+    now = time.time()
+    for pattern in (f".{dest.name}.tmp-*", f".{dest.name}.old-*"):
+        for d in dest.parent.glob(pattern):
+            try:
+                if now - d.stat().st_mtime > STALE_SECONDS:
+                    shutil.rmtree(d, ignore_errors=True)
+            except OSError:
+                pass

@@ -118,7 +118,7 @@ def test_quality_json_summary(cli_env):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--methods", "cak"], "did you mean cake"),
+        (["--methods", "cak"], "did you mean 'cake'"),
         (["--pairings", "cake+nope"], "unknown pairing"),
         (["--tasks", "s-rt,xx"], "unknown task"),
         (["--budgets", "4"], "smaller than the observation window"),

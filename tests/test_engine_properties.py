@@ -17,7 +17,8 @@ from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.cache import NonFiniteError
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import generate, prefill
-from cake_cli.engine.preference import dispersion, log_preference, shift, variance_rows
+from cake_cli.engine.indicators import variance_rows
+from cake_cli.engine.preference import dispersion, log_preference, shift
 from cake_cli.engine.window import window_attention
 from tests.conftest import tiny_llama
 from tests.reference import MaskedReference

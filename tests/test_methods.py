@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cake_cli.engine.indicators import top_k_sorted
-from cake_cli.engine.methods import METHODS, pyramid_weights, static_budgets, token_scores
+from cake_cli.engine.allocation import ALLOCATIONS, pyramid, pyramid_weights, uniform
+from cake_cli.engine.indicators import INDICATORS, smooth, token_scores, top_k_sorted
+from cake_cli.engine.methods import METHODS, resolve
 
 # one query head, one KV head, a 3-row window over 5 candidate tokens
 A = torch.tensor([[[0.10, 0.20, 0.30, 0.15, 0.25], [0.40, 0.10, 0.20, 0.20, 0.10], [0.05, 0.60, 0.05, 0.20, 0.10]]])
@@ -58,17 +59,35 @@ def test_pyramid_is_linear_decreasing_and_sums_to_the_total():
     assert w[0] == pytest.approx(2 - 1 / 20) and w[-1] == pytest.approx(1 / 20)
     assert all(x > y for x, y in zip(w, w[1:]))
     assert sum(w) == pytest.approx(5)
-    budgets = static_budgets("pyramid", 5, 500, 1000)
+    budgets = pyramid(5, 500, 1000)
     assert sum(budgets) == 500 and budgets[0] == 195 and budgets[-1] == 5
     assert budgets == sorted(budgets, reverse=True)
 
 
 def test_uniform_is_equal_and_capped():
-    assert static_budgets("uniform", 4, 100, 1000) == [25, 25, 25, 25]
-    assert static_budgets("uniform", 4, 100, 10) == [10, 10, 10, 10]
+    assert uniform(4, 100, 1000) == [25, 25, 25, 25]
+    assert uniform(4, 100, 10) == [10, 10, 10, 10]
 
 
 def test_method_table_pairs():
     assert METHODS["cake"] == ("cake", "cake")
     assert METHODS["pyramidkv"] == ("pyramid", "snapkv")
     assert METHODS["full"] is None
+
+
+def test_method_rows_name_registered_allocations_and_indicators():
+    for pair in METHODS.values():
+        if pair is not None:
+            assert pair[0] in ALLOCATIONS and pair[1] in INDICATORS
+    assert resolve("snapkv", allocation="cake") == ("cake", "snapkv")
+    assert resolve("full", indicator="h2o") is None
+
+
+@pytest.mark.parametrize("kind,kernel", [("avg", 5), ("avg", 3), ("max", 7), ("max", 1)])
+def test_smooth_equals_torch_pooling_bit_for_bit(kind, kernel):
+    torch.manual_seed(kernel)
+    pool = torch.nn.functional.avg_pool1d if kind == "avg" else torch.nn.functional.max_pool1d
+    for heads, m in [(1, 1), (3, 4), (8, 257), (14, 2049)]:
+        x = torch.rand(heads, m) ** 8  # attention-like: many small values
+        ref = pool(x.unsqueeze(1), kernel_size=kernel, stride=1, padding=kernel // 2).squeeze(1)
+        assert torch.equal(smooth(x, kind, kernel), ref)

@@ -12,15 +12,18 @@ SnapKV's indicator. `full` (no eviction) is run once per case and shown at every
 
 from __future__ import annotations
 
-import difflib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from cake_cli.bench.datasets import check_split
 from cake_cli.bench.needles import NEEDLE_TASKS, Case, case_id
 from cake_cli.bench.scoring import score_answer
-from cake_cli.errors import UsageError
+from cake_cli.engine.allocation import ALLOCATIONS
+from cake_cli.engine.config import ConfigError
+from cake_cli.engine.indicators import INDICATORS
+from cake_cli.engine.methods import METHODS, resolve
+from cake_cli.errors import UsageError, unknown_name
 
 TASKS = (*NEEDLE_TASKS, "qa")
 TEMPLATES = {"s-rt": "bench_needle", "m-rs": "bench_needle", "m-rt": "bench_multi_needle", "qa": "bench_qa"}
@@ -74,42 +77,30 @@ class Variant:
         return replace(config, tau1=self.taus[0], tau2=self.taus[1]) if self.taus else config
 
 
-def _did_you_mean(name: str, valid: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(valid), n=2, cutoff=0.5)
-    return f"; did you mean {' or '.join(close)}?" if close else ""
-
-
 def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
-    """Variants from `--methods a,b` (METHODS names) and `--pairings alloc+ind,...`.
+    """Variants from `--methods a,b` (METHODS names) and `--pairings alloc+ind,...` (`methods.resolve`).
 
     Raises:
         UsageError: an unknown name (with "did you mean" and the valid names), or no method.
     """
-    from cake_cli.engine.config import ALLOCATIONS, INDICATORS
-    from cake_cli.engine.methods import METHODS
-
     out: list[Variant] = []
-    for name in (m.strip() for m in methods.split(",")):
-        if not name:
-            continue
-        if name not in METHODS:
-            raise UsageError(
-                f"unknown method '{name}'{_did_you_mean(name, METHODS)}",
-                f"choose from {', '.join(METHODS)}; pairings go in --pairings",
-            )
-        pair = METHODS[name]
-        out.append(Variant(name, *(pair or (None, None))))
-    for name in (p.strip() for p in pairings.split(",")):
-        if not name:
-            continue
-        alloc, _, ind = name.partition("+")
-        if alloc not in ALLOCATIONS or ind not in INDICATORS:
-            raise UsageError(
-                f"unknown pairing '{name}'",
-                f"write allocation+indicator with allocation in {', '.join(ALLOCATIONS)} and "
-                f"indicator in {', '.join(INDICATORS)}, e.g. cake+snapkv",
-            )
-        out.append(Variant(name, alloc, ind))
+    for option, text in (("--methods", methods), ("--pairings", pairings)):
+        for name in (m.strip() for m in text.split(",")):
+            if not name:
+                continue
+            if option == "--methods" and name not in METHODS:
+                raise unknown_name("method", name, METHODS)
+            try:
+                if option == "--pairings" and "+" not in name:
+                    raise ConfigError("method", "not allocation+indicator")
+                pair = resolve(name)
+            except ConfigError as exc:
+                raise UsageError(
+                    f"unknown pairing '{name}' ({exc})",
+                    f"write allocation+indicator with allocation in {', '.join(ALLOCATIONS)} and "
+                    f"indicator in {', '.join(INDICATORS)}, e.g. cake+snapkv",
+                ) from None
+            out.append(Variant(name, *(pair or (None, None))))
     if not out:
         raise UsageError("no method to benchmark", "give --methods, e.g. full,snapkv,cake")
     names = [v.name for v in out]

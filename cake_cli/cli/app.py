@@ -7,8 +7,11 @@ from contextlib import contextmanager
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from cake_cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, CakeError
+from cake_cli.cli.options import FLAGS
+from cake_cli.engine.config import ConfigError
+from cake_cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, CakeError, UsageError
 
 app = typer.Typer(
     add_completion=False,
@@ -29,11 +32,14 @@ def handled():
     """Turn known errors into one line on stderr and an exit code (traceback only with CAKE_DEBUG=1)."""
     err = stderr_console()
     try:
-        yield
+        try:
+            yield
+        except ConfigError as exc:  # an engine setting: name it by its flag
+            raise UsageError(*exc.render(FLAGS)) from exc
     except CakeError as exc:
         if os.environ.get("CAKE_DEBUG") == "1":
             raise
-        err.print(f"[bold red]error:[/] {exc.one_line()}", soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(exc.one_line())}", soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")

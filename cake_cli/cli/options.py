@@ -6,6 +6,19 @@ from typing import Annotated
 
 import typer
 
+# The flag of each engine setting (`engine.config.ConfigError.field`), for error messages.
+FLAGS = {
+    "budget": "--budget",
+    "window": "--window",
+    "decode_policy": "--decode-policy",
+    "method": "--method",
+    "allocation": "--allocation",
+    "indicator": "--indicator",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "no_repeat_ngram_size": "--no-repeat-ngram",
+}
+
 Document = Annotated[
     str | None,
     typer.Argument(

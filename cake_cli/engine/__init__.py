@@ -1,1 +1,53 @@
-"""The CAKE method as a library: torch and transformers only (no CLI imports)."""
+"""The CAKE method as a library: torch and transformers only (never typer, rich or other cake_cli packages).
+
+Public API (loaded lazily, so `import cake_cli.engine.methods` stays free of torch):
+
+- settings: `CakeConfig`, `SamplingConfig`, `ConfigError`
+- switching a model: `use_cake_attention`, `default_backend`, `BACKENDS`; the family contract
+  `FAMILIES`, `check_model`, `UnsupportedModelError`
+- running: `prefill`, `decode`, `generate` -> `GenerationResult`; `record` / `replay` for grids
+- registries: `METHODS` (with `resolve`, `with_method`), `ALLOCATIONS`, `INDICATORS`
+- the cache: `CakeCache`, `NonFiniteError`
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "CakeConfig": "config",
+    "SamplingConfig": "config",
+    "ConfigError": "config",
+    "use_cake_attention": "attention",
+    "default_backend": "attention",
+    "BACKENDS": "attention",
+    "FAMILIES": "families",
+    "check_model": "families",
+    "UnsupportedModelError": "families",
+    "prefill": "generate",
+    "decode": "generate",
+    "generate": "generate",
+    "GenerationResult": "generate",
+    "record": "replay",
+    "replay": "replay",
+    "METHODS": "methods",
+    "resolve": "methods",
+    "with_method": "methods",
+    "ALLOCATIONS": "allocation",
+    "INDICATORS": "indicators",
+    "CakeCache": "cache",
+    "NonFiniteError": "cache",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """Import the submodule holding `name` on first use (PEP 562)."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+    return getattr(module, name)
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -4,12 +4,17 @@ Real-valued budgets follow Eq. 7 with caps (water-filling: capped layers hand th
 the others). Integer budgets use largest-remainder rounding clamped by the previous cascade
 stage, so they are integers, never increase from stage m to m + 1 (Prop. 1), and sum to the
 total minus at most one token per layer.
+
+`ALLOCATIONS` maps each allocation's name to its stage function: CAKE's preference cascade, and
+the baselines' uniform and pyramid budgets (spec §6), which ignore the layer statistics. Adding
+an allocation is one function and one row. Pure Python (no torch).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 
 def preference_weights(log_prefs: Sequence[float]) -> list[float]:
@@ -114,3 +119,81 @@ def cascade(log_prefs: Sequence[float], total: int, cap: int) -> list[list[int]]
 def uniform(num_layers: int, total: int, cap: int) -> list[int]:
     """Equal integer budgets (SnapKV/H2O/TOVA-style allocation), each <= cap."""
     return round_budgets(waterfill([1.0] * num_layers, float(total), float(cap)), cap)
+
+
+PYRAMID_BETA = 20  # PyramidKV's ratio between the top and bottom layers' budgets
+
+
+def pyramid_weights(num_layers: int, beta: int = PYRAMID_BETA) -> list[float]:
+    """PyramidKV's linear schedule: layer 0 gets the most, the last layer 1/beta of the mean.
+
+    With mean budget c: min = c / beta, max = 2c - min, linear in between, so the weights sum to
+    L · c. Returned normalised to mean 1.
+    """
+    if num_layers == 1:
+        return [1.0]
+    low = 1.0 / beta
+    high = 2.0 - low
+    step = (high - low) / (num_layers - 1)
+    return [high - layer * step for layer in range(num_layers)]
+
+
+def pyramid(num_layers: int, total: int, cap: int) -> list[int]:
+    """PyramidKV's integer budgets, decreasing linearly with depth, summing to the total (capped)."""
+    return round_budgets(waterfill(pyramid_weights(num_layers), float(total), float(cap)), cap)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """How B_total is split over layers.
+
+    Attributes:
+        uses_stats: True when the budgets depend on the layer statistics: `split(log_prefs, total,
+            cap, previous)` re-allocates layers 0..m at every cascade stage (Eq. 9). False when
+            they are fixed before prefill: `split(num_layers, total, cap)` gives every layer's.
+        split: the function (see `uses_stats`), returning integer budgets.
+    """
+
+    uses_stats: bool
+    split: Callable[..., list[int]]
+
+
+ALLOCATIONS: dict[str, Allocation] = {
+    "cake": Allocation(uses_stats=True, split=allocate),
+    "uniform": Allocation(uses_stats=False, split=uniform),
+    "pyramid": Allocation(uses_stats=False, split=pyramid),
+}
+
+
+def stage_budgets(
+    name: str,
+    log_prefs: Sequence[float] | None,
+    seen: int,
+    num_layers: int,
+    total: int,
+    cap: int,
+    previous: Sequence[int] | None,
+) -> list[int]:
+    """Budgets of layers 0..seen-1 at cascade stage seen - 1 under allocation `name` (Eqs. 9-10).
+
+    Args:
+        name: a key of ALLOCATIONS.
+        log_prefs: [seen] log P_l (needed when the allocation uses statistics, else ignored).
+        seen: layers prefilled so far (m + 1).
+        num_layers: L.
+        total: B_total = (B - w) · L.
+        cap: n - w.
+        previous: the budgets of the previous stage, or None.
+
+    Returns:
+        [seen] integer budgets, each in [0, cap], non-increasing across stages (Prop. 1).
+
+    Raises:
+        ValueError: unknown allocation.
+    """
+    if name not in ALLOCATIONS:
+        raise ValueError(f"unknown allocation {name!r}; choose one of {', '.join(ALLOCATIONS)}")
+    alloc = ALLOCATIONS[name]
+    if alloc.uses_stats:
+        return alloc.split(log_prefs, total, cap, previous)
+    return alloc.split(num_layers, total, cap)[:seen]

@@ -16,6 +16,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
+from cake_cli.engine.families import check_model
 from cake_cli.engine.window import window_attention
 
 BACKENDS = ("eager", "sdpa", "flash_attention_2")
@@ -98,13 +99,17 @@ for _backend in BACKENDS:
 
 
 def use_cake_attention(model, backend: str) -> None:
-    """Switch `model` to the CAKE attention function for `backend` (eager|sdpa|flash_attention_2).
+    """Switch `model` to the CAKE attention function for `backend` (eager|sdpa|flash_attention_2),
+    after checking the model-family contract (`families.check_model`).
 
     Raises:
-        ValueError: for an unknown backend or flash_attention_2 without CUDA + flash-attn.
+        UnsupportedModelError (a ValueError): the model has a feature the engine does not compute
+            exactly (another family, a sliding window, soft-capping, ...); its attention is unchanged.
+        ValueError: an unknown backend, or flash_attention_2 without CUDA + flash-attn.
     """
     if backend not in BACKENDS:
-        raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+        raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "flash_attention_2" and not flash_available():
         raise ValueError("flash_attention_2 needs CUDA and the flash-attn package")
+    check_model(model)
     model.set_attn_implementation(implementation_name(backend))

@@ -6,7 +6,7 @@ B_l^(m) (Eqs. 9-10). Re-eviction ranks the stored indicator of the tokens a laye
 so the result equals one eviction with the final budgets (Thm. 1).
 
 Baselines run the same path with another allocation (uniform / pyramid budgets, fixed before
-prefill, so each layer is evicted once) and/or another indicator (`methods.token_scores`).
+prefill, so each layer is evicted once) and/or another indicator (`indicators.INDICATORS`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import torch
 
 from cake_cli.engine import allocation
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.indicators import top_k_sorted
-from cake_cli.engine.methods import static_budgets, token_scores
-from cake_cli.engine.preference import dispersion, log_preference, shift, variance_rows
+from cake_cli.engine.indicators import token_scores, top_k_sorted, variance_rows
+from cake_cli.engine.preference import dispersion, log_preference, shift
 from cake_cli.engine.window import window_attention
 
 
@@ -61,12 +60,7 @@ class CascadePrefill:
         self.indicators: list[torch.Tensor | None] = [None] * num_layers
         self.evicting = prompt_len > config.budget
         self.seconds = 0.0
-        self.collect_stats = collect_stats or config.allocation == "cake"
-        self.schedule = (
-            None
-            if config.allocation == "cake"
-            else static_budgets(config.allocation, num_layers, config.evictable_total(num_layers), self.cap)
-        )
+        self.collect_stats = collect_stats or allocation.ALLOCATIONS[config.allocation].uses_stats
 
     @property
     def cap(self) -> int:
@@ -135,12 +129,17 @@ class CascadePrefill:
 
     def _cascade(self, cache, m: int) -> None:
         """Stage m: allocate over layers 0..m (Eq. 9) and evict each to its budget (Eq. 10)."""
-        if self.schedule is not None:
-            budgets = self.schedule[: m + 1]
-        else:
-            logs = [s.log_preference for s in self.stats[: m + 1]]
-            total = self.config.evictable_total(self.num_layers)
-            budgets = allocation.allocate(logs, total, self.cap, self.stages[-1] if self.stages else None)
+        logs = [s.log_preference for s in self.stats[: m + 1]] if self.collect_stats else None
+        total = self.config.evictable_total(self.num_layers)
+        budgets = allocation.stage_budgets(
+            self.config.allocation,
+            logs,
+            m + 1,
+            self.num_layers,
+            total,
+            self.cap,
+            self.stages[-1] if self.stages else None,
+        )
         self.stages.append(budgets)
         for layer_idx, budget in enumerate(budgets):
             self.evict_layer(cache, layer_idx, budget)

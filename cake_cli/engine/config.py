@@ -1,15 +1,44 @@
-"""CAKE settings for one run (spec §2-§5)."""
+"""CAKE settings for one run (spec §2-§5), validated on construction. Pure Python (no torch)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cake_cli.errors import UsageError
+from cake_cli.engine.allocation import ALLOCATIONS
+from cake_cli.engine.indicators import INDICATORS
 
 DECODE_POLICIES = ("fixed", "grow")
-ALLOCATIONS = ("uniform", "pyramid", "cake")
-INDICATORS = ("cake", "snapkv", "h2o", "tova", "streaming")
 POOL_KINDS = ("avg", "max")
+
+
+class ConfigError(ValueError):
+    """A setting out of range or an unknown name.
+
+    Args:
+        field: the CakeConfig field (or "method") at fault.
+        message: one line naming the problem; "{field}" placeholders (e.g. "{budget}") stand for
+            the name the caller knows the setting by.
+        hint: one line naming the fix, with the same placeholders, or None.
+
+    `str(exc)` uses the field names; a front end calls `render(names)` with its own (e.g. flags).
+    """
+
+    def __init__(self, field: str, message: str, hint: str | None = None):
+        self.field = field
+        self.template = message
+        self.hint_template = hint
+        super().__init__(self.render({})[0])
+
+    def render(self, names: Mapping[str, str]) -> tuple[str, str | None]:
+        """(message, hint) with every "{field}" replaced by names.get(field, field)."""
+
+        class _Names(dict):
+            def __missing__(self, key):
+                return key
+
+        table = _Names(names)
+        return self.template.format_map(table), self.hint_template.format_map(table) if self.hint_template else None
 
 
 @dataclass(frozen=True)
@@ -27,13 +56,13 @@ class CakeConfig:
         pool_kernel: odd kernel size of that pooling, in tokens.
         decode_policy: "fixed" (every layer stays at its size after prefill, one token evicted
             per new token, spec §4) or "grow" (new tokens appended, nothing more evicted).
-        allocation: how B_total is split over layers: "cake" (preference cascade, Eq. 7-10),
-            "uniform" or "pyramid" (spec §6).
-        indicator: which tokens a layer keeps: "cake" (Eq. 11), "snapkv", "h2o", "tova",
-            "streaming" (spec §6). See `methods.py` for the named pairings.
+        allocation: how B_total is split over layers, a key of `allocation.ALLOCATIONS`:
+            "cake" (preference cascade, Eq. 7-10), "uniform" or "pyramid" (spec §6).
+        indicator: which tokens a layer keeps, a key of `indicators.INDICATORS`: "cake"
+            (Eq. 11), "snapkv", "h2o", "tova", "streaming" (spec §6). Named pairings: `methods.py`.
 
     Raises:
-        UsageError: from `validate` when a value is out of range.
+        ConfigError: from `validate` when a value is out of range (naming the field).
     """
 
     budget: int
@@ -51,40 +80,76 @@ class CakeConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Check every field; raise UsageError naming the option and the fix."""
+        """Check every field; raise ConfigError naming the field and the fix."""
         if self.window < 1:
-            raise UsageError(f"--window must be at least 1 token (got {self.window})", "use e.g. --window 32")
+            raise ConfigError(
+                "window", f"{{window}} must be at least 1 token (got {self.window})", "use e.g. {window} 32"
+            )
         if self.budget < 1:
-            raise UsageError(
-                f"--budget must be a positive number of tokens (got {self.budget})", "use e.g. --budget 256"
+            raise ConfigError(
+                "budget", f"{{budget}} must be a positive number of tokens (got {self.budget})", "use e.g. {budget} 256"
             )
         if self.budget < self.window:
-            raise UsageError(
-                f"--budget {self.budget} is smaller than the observation window ({self.window} tokens)",
-                f"raise --budget to at least {self.window} or lower --window",
+            raise ConfigError(
+                "budget",
+                f"{{budget}} {self.budget} is smaller than the observation window ({self.window} tokens)",
+                f"raise {{budget}} to at least {self.window} or lower {{window}}",
             )
         if not (self.tau1 > 0 and self.tau2 > 0):
-            raise UsageError(
+            raise ConfigError(
+                "tau1",
                 f"temperatures must be > 0 (got tau1={self.tau1}, tau2={self.tau2})",
                 "use values in the paper's range, e.g. 0.2-3",
             )
         if not self.gamma >= 0:
-            raise UsageError(f"gamma must be >= 0 (got {self.gamma})", "the paper uses gamma = 200")
+            raise ConfigError("gamma", f"gamma must be >= 0 (got {self.gamma})", "the paper uses gamma = 200")
         if self.pool_kind not in POOL_KINDS:
-            raise UsageError(f"unknown pooling '{self.pool_kind}'", f"choose one of {', '.join(POOL_KINDS)}")
+            raise ConfigError(
+                "pool_kind", f"unknown pooling '{self.pool_kind}'", f"choose one of {', '.join(POOL_KINDS)}"
+            )
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
-            raise UsageError(
-                f"pooling kernel must be a positive odd number (got {self.pool_kernel})", "the paper uses 5"
+            raise ConfigError(
+                "pool_kernel",
+                f"pooling kernel must be a positive odd number (got {self.pool_kernel})",
+                "the paper uses 5",
             )
-        if self.allocation not in ALLOCATIONS:
-            raise UsageError(f"unknown allocation '{self.allocation}'", f"choose one of {', '.join(ALLOCATIONS)}")
-        if self.indicator not in INDICATORS:
-            raise UsageError(f"unknown indicator '{self.indicator}'", f"choose one of {', '.join(INDICATORS)}")
-        if self.decode_policy not in DECODE_POLICIES:
-            raise UsageError(
-                f"unknown decode policy '{self.decode_policy}'", f"choose one of {', '.join(DECODE_POLICIES)}"
-            )
+        for field, value, valid in (
+            ("allocation", self.allocation, ALLOCATIONS),
+            ("indicator", self.indicator, INDICATORS),
+            ("decode_policy", self.decode_policy, DECODE_POLICIES),
+        ):
+            if value not in valid:
+                what = field.replace("_", " ")
+                raise ConfigError(field, f"unknown {what} '{value}'", f"choose one of {', '.join(valid)}")
 
     def evictable_total(self, num_layers: int) -> int:
         """B_total = (B - w) · L evictable cache slots over all layers, in tokens (spec Notation)."""
         return (self.budget - self.window) * num_layers
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Next-token choice. temperature 0 = greedy; otherwise sample from softmax(logits / temperature)
+    within top-p. no_repeat_ngram_size > 0 forbids repeating any n-gram of that many tokens (prompt
+    included), in greedy and sampled decoding alike.
+
+    Raises:
+        ConfigError: temperature < 0, top_p outside (0, 1], or a negative n-gram size.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    no_repeat_ngram_size: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0 or not 0 < self.top_p <= 1:
+            raise ConfigError(
+                "temperature", "{temperature} must be >= 0 and {top_p} in (0, 1]", "e.g. {temperature} 0.7 {top_p} 0.9"
+            )
+        if self.no_repeat_ngram_size < 0:
+            raise ConfigError(
+                "no_repeat_ngram_size",
+                f"{{no_repeat_ngram_size}} must be >= 0 (got {self.no_repeat_ngram_size})",
+                "0 turns it off",
+            )

@@ -13,8 +13,7 @@ import time
 import torch
 
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.indicators import top_k_sorted
-from cake_cli.engine.methods import token_scores
+from cake_cli.engine.indicators import token_scores, top_k_sorted
 from cake_cli.engine.window import window_attention
 
 

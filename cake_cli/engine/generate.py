@@ -10,9 +10,9 @@ import torch
 
 from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.cascade import CascadePrefill, LayerStats
-from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.decode import FixedDecode, GrowDecode
-from cake_cli.engine.sampling import Sampler, SamplingConfig
+from cake_cli.engine.config import CakeConfig, SamplingConfig
+from cake_cli.engine.sampling import Sampler
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,68 @@
-"""Building blocks of eviction indicators (paper Sec. 4.3): pooling, GQA aggregation, top-k.
+"""Eviction indicators (paper Sec. 4.3, Eq. 11, and the baselines of spec §6): which tokens a layer keeps.
 
-The indicators themselves (CAKE's Eq. 11 and the baselines') are in `methods.token_scores`.
+An indicator is a function from the attention of the q most recent queries over m candidate
+tokens to one score per query head and candidate (larger = keep); `token_scores` then averages
+the g = H / H_kv query heads of each KV head (GQA), so each KV head keeps its own tokens.
+`INDICATORS` maps each name to its function: adding an indicator is one function and one row.
+
+This module calls tensor methods only (it never imports torch), so the CLI can list and check
+indicator names without loading torch.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+SINK_TOKENS = 4  # StreamingLLM's attention sinks
+SNAPKV_POOL = ("max", 7)  # SnapKV's smoothing (spec §3)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """What an indicator reads for one layer.
+
+    Attributes:
+        a: [H, q, m] float32 attention of the q most recent queries (the window at prefill, the
+            new tokens at decode) over the m candidate tokens, in position order.
+        positions: [H_kv, m] true positions of the candidates.
+        gamma: CAKE's variance weight (Eq. 11).
+        pool: (kind, kernel) smoothing of the CAKE indicator (profile setting).
+        column_var: optional precomputed Var_i a, [H, m] (saves a pass at prefill).
+    """
+
+    a: torch.Tensor
+    positions: torch.Tensor
+    gamma: float
+    pool: tuple[str, int]
+    column_var: torch.Tensor | None = None
+
+
+def variance_rows(a: torch.Tensor) -> torch.Tensor:
+    """Unbiased variance down dim -2 (the q query rows); 0 when there is a single row.
+
+    Args:
+        a: [..., q, m] float tensor.
+
+    Returns:
+        [..., m] variance per column.
+    """
+    return a.var(dim=-2, correction=1 if a.shape[-2] > 1 else 0)
 
 
 def smooth(scores: torch.Tensor, kind: str, kernel: int) -> torch.Tensor:
     """1-D pooling along tokens, stride 1, padding kernel // 2 (authors' code: avg, k = 5).
 
+    Equal, bit for bit, to torch's `avg_pool1d` (zero padding counted) and `max_pool1d`
+    (tests/test_methods.py checks it): a running sum of the k shifted rows, then / k.
+
     Args:
         scores: [H, m] per-head token scores.
-        kind: "avg" (zero padding counted, as torch's avg_pool1d default) or "max".
+        kind: "avg" or "max".
         kernel: odd kernel size in tokens.
 
     Returns:
@@ -22,9 +70,15 @@ def smooth(scores: torch.Tensor, kind: str, kernel: int) -> torch.Tensor:
     """
     if kernel == 1:
         return scores
-    x = scores.unsqueeze(1)  # [H, 1, m]
-    pool = F.avg_pool1d if kind == "avg" else F.max_pool1d
-    return pool(x, kernel_size=kernel, stride=1, padding=kernel // 2).squeeze(1)  # [H, m]
+    half, m = kernel // 2, scores.shape[-1]
+    padded = scores.new_full((scores.shape[0], m + 2 * half), 0.0 if kind == "avg" else float("-inf"))
+    padded[:, half : half + m] = scores  # [H, m + 2·half]
+    if kind == "max":
+        return padded.unfold(-1, kernel, 1).amax(dim=-1)  # [H, m]
+    total = padded[:, 0:m].clone()
+    for shift in range(1, kernel):
+        total += padded[:, shift : shift + m]
+    return total / kernel  # [H, m]
 
 
 def group_mean(scores: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -53,5 +107,77 @@ def top_k_sorted(scores: torch.Tensor, k: int) -> torch.Tensor:
     Returns:
         [H_kv, k] int64 indices into dim -1, ascending.
     """
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]  # [H_kv, k]
-    return torch.sort(order, dim=-1).values
+    order = scores.sort(dim=-1, descending=True, stable=True).indices[:, :k]  # [H_kv, k]
+    return order.sort(dim=-1).values
+
+
+# ---- the indicators: Attention -> [H, m] per query head ------------------------------------------
+
+
+def cake(x: Attention) -> torch.Tensor:
+    """CAKE (Eq. 11): mean + gamma · variance over the query rows, then pooled along tokens.
+    With one query (decode) the variance term is 0."""
+    if x.a.shape[-2] == 1:
+        return smooth(x.a[:, 0, :], *x.pool)
+    var = x.column_var if x.column_var is not None else variance_rows(x.a)
+    return smooth(x.a.mean(dim=-2) + x.gamma * var, *x.pool)
+
+
+def snapkv(x: Attention) -> torch.Tensor:
+    """SnapKV: mean attention over the window, max-pooled with kernel 7."""
+    return smooth(x.a.mean(dim=-2), *SNAPKV_POOL)
+
+
+def h2o(x: Attention) -> torch.Tensor:
+    """H2O: accumulated attention (sum over the query rows)."""
+    return x.a.sum(dim=-2)
+
+
+def tova(x: Attention) -> torch.Tensor:
+    """TOVA: the attention of the last query only."""
+    return x.a[:, -1, :]
+
+
+def streaming(x: Attention) -> torch.Tensor:
+    """StreamingLLM: the first SINK_TOKENS positions (infinite score), then recency (the position)."""
+    pos = x.positions.float()
+    pos = pos.masked_fill(pos < SINK_TOKENS, float("inf"))  # [H_kv, m]
+    return pos.repeat_interleave(x.a.shape[0] // pos.shape[0], dim=0)  # [H, m]: equal within a group
+
+
+INDICATORS: dict[str, Callable[[Attention], torch.Tensor]] = {
+    "cake": cake,
+    "snapkv": snapkv,
+    "h2o": h2o,
+    "tova": tova,
+    "streaming": streaming,
+}
+
+
+def token_scores(
+    kind: str,
+    a: torch.Tensor,
+    positions: torch.Tensor,
+    num_kv_heads: int,
+    *,
+    gamma: float,
+    pool: tuple[str, int],
+    column_var: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Eviction indicator `kind` of the candidate tokens of one layer, per KV head; larger = keep.
+
+    Args:
+        kind: a key of INDICATORS.
+        a, positions, gamma, pool, column_var: see `Attention`.
+        num_kv_heads: H_kv; per-query-head scores are averaged over each KV head's group.
+
+    Returns:
+        [H_kv, m] float32 scores.
+
+    Raises:
+        ValueError: unknown indicator.
+    """
+    if kind not in INDICATORS:
+        raise ValueError(f"unknown indicator {kind!r}; choose one of {', '.join(INDICATORS)}")
+    per_head = INDICATORS[kind](Attention(a, positions, gamma, pool, column_var))  # [H, m]
+    return group_mean(per_head, num_kv_heads)  # [H_kv, m]

@@ -7,19 +7,6 @@ import math
 import torch
 
 
-def variance_rows(a: torch.Tensor) -> torch.Tensor:
-    """Unbiased variance down dim -2 (the w window rows); 0 when there is a single row.
-
-    Args:
-        a: [..., w, m] float tensor.
-
-    Returns:
-        [..., m] variance per column.
-    """
-    correction = 1 if a.shape[-2] > 1 else 0
-    return torch.var(a, dim=-2, correction=correction)
-
-
 def dispersion(a_ev: torch.Tensor) -> float:
     """Spatial dispersion H_l = -sum_{h,i,j} A log A over the evictable columns (Eqs. 3-4).
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
@@ -12,29 +10,16 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """temperature 0 = greedy; otherwise sample from softmax(logits / temperature) within top-p.
-    no_repeat_ngram_size > 0 forbids repeating any n-gram of that many tokens (prompt included),
-    in greedy and sampled decoding alike."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    no_repeat_ngram_size: int = 0
+from cake_cli.engine.config import SamplingConfig
 
 
 class Sampler:
     """Picks token ids from logits [1, V].
 
-    Raises:
-        ValueError: temperature < 0 or top_p outside (0, 1].
+    `config` was validated when it was built (`SamplingConfig`).
     """
 
     def __init__(self, config: SamplingConfig):
-        if config.temperature < 0 or not 0 < config.top_p <= 1 or config.no_repeat_ngram_size < 0:
-            raise ValueError("temperature must be >= 0, top-p in (0, 1], no-repeat n-gram size >= 0")
         self.config = config
         self.generator = torch.Generator()
         if config.seed is not None:

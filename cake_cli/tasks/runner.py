@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from cake_cli.engine.sampling import SamplingConfig
+from cake_cli.engine.config import SamplingConfig
 from cake_cli.errors import CakeError, UsageError
 from cake_cli.tasks.results import RunResult, layer_results
 

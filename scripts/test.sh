@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Set up with the test extras, then run the whole test suite (CPU, offline; about 5 minutes).
+# Set up with the test extras, check style (ruff, pinned in the `test` extra), then run the whole test
+# suite (CPU, offline). Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not real_model"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 . .venv/bin/activate 2>/dev/null || true
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+ruff check .
+ruff format --check .
 python -m pytest -q "$@"

@@ -7,14 +7,8 @@ import re
 import pytest
 
 from cake_cli.bench.datasets import haystack_text
-from cake_cli.bench.needles import (
-    NEEDLE_GAP,
-    NEEDLE_TASKS,
-    insert_at_depths,
-    make_needle_case,
-    needle_depths,
-    needle_facts,
-)
+from cake_cli.bench.needles import NEEDLE_TASKS, insert_at_depths, make_needle_case, needle_facts
+from cake_cli.bench.splits import NEEDLE_GAP, needle_depths
 from tests.tiny import build_tiny_tokenizer
 
 

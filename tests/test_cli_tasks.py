@@ -44,7 +44,7 @@ def forced(monkeypatch, tiny_profile_dir):
     """`forced(text)`: from now on the engine generates exactly `text` (teacher forcing)."""
     from transformers import AutoTokenizer
 
-    from cake_cli.engine import generate as engine
+    from cake_cli.tasks import runner as engine  # the runner's reference to engine.generate.generate
 
     real = engine.generate
     tokenizer = AutoTokenizer.from_pretrained(tiny_profile_dir.parent / "model")
@@ -80,7 +80,8 @@ def test_qa_answer_on_stdout_report_on_stderr(doc):
     data = json.loads(as_json.stdout)
     assert streamed.stdout.strip() == data["answer"], "stdout carries the answer and nothing else"
     assert "CAKE report · qa" in streamed.stderr and "allocation across layers" in streamed.stderr
-    assert "CAKE report" not in as_json.stderr and "prefill" not in as_json.stderr
+    assert "CAKE report" not in as_json.stderr  # --json: the report is in the JSON; progress stays on stderr
+    assert "prefill: " in as_json.stderr and "prefill: " in streamed.stderr
 
 
 def test_qa_json_schema_and_stdin(doc):
@@ -123,6 +124,29 @@ def test_qa_usage_errors(doc):
     one_error_line(invoke("qa", doc, "Who?", "-m", "tiny-test", "-b", "4"), 2, "window")
     one_error_line(invoke("qa", doc, "Who?", *TINY, "--truncate", "sideways"), 2, "truncate")
     one_error_line(invoke("qa", "missing.txt", "Who?", *TINY), 1, "missing.txt")
+
+
+def test_a_looping_answer_stops_with_a_reason(doc, forced):
+    forced("Ian M." + " M." * 30)  # what SmolLM2 answered at B = 256 for 64 tokens
+    result = invoke("qa", doc, "Who signed?", *TINY, "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["stop_reason"] == "repetition" and data["generated_tokens"] < 20
+    assert data["answer"].startswith("Ian M.") and data["answer"].count("M.") <= 6
+    report = invoke("qa", doc, "Who signed?", *TINY)
+    assert "stopped by a loop: the answer began repeating itself" in report.stderr
+
+
+def test_method_full_reports_the_full_cache_only(doc):
+    result = invoke("qa", doc, "Who?", *TINY, "-n", "3", "--method", "full", "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["budget"] is None and data["tau1"] is None and data["allocation"] is None
+    assert data["eviction_seconds"] == 0.0 and not data["evicted"] and data["saved_fraction"] == 0.0
+    assert all(layer["dispersion"] is None and layer["budget"] is None for layer in data["layers"])
+    report = invoke("qa", doc, "Who?", *TINY, "-n", "3", "--method", "full").stderr
+    assert "full cache: nothing scored or evicted" in report
+    assert "tau1" not in report and "scoring + eviction" not in report and "allocation across layers" not in report
 
 
 def test_qa_truncate_error_exits_1(cli_env):
@@ -250,7 +274,7 @@ def test_every_task_has_the_shared_options(command):
 
 
 def test_device_map_reaches_the_loader(doc, monkeypatch):
-    from cake_cli.models import loader
+    from cake_cli.tasks import runner as loader  # the runner's reference to models.loader.load_model
 
     seen = []
     real = loader.load_model

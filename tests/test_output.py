@@ -37,3 +37,21 @@ def test_bad_targets_fail_early(tmp_path):
         check_writable(tmp_path)
     with pytest.raises(CakeError, match="does not exist"):
         check_writable(tmp_path / "missing" / "out.txt")
+
+
+def test_new_files_get_the_mode_plain_open_gives(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = write_atomic(tmp_path / "new.txt", "text")
+        assert path.stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+        path.chmod(0o640)
+        write_atomic(path, "again")
+        assert path.stat().st_mode & 0o777 == 0o640  # a replaced file keeps its mode
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/version"), reason="needs Linux /proc")
+def test_targets_the_file_system_refuses_fail_before_any_work():
+    with pytest.raises(CakeError, match="cannot write"):
+        check_writable("/proc/version")  # root may "access" it, yet nothing can be created in /proc

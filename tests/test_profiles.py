@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cake_cli.errors import CakeError, UsageError
-from cake_cli.models.profiles import TauChoice, find_profile, list_profiles, load_profile, parse_profile, profile_dirs
+from cake_cli.models.embedded import EMBEDDED_MODELS
+from cake_cli.models.profiles import (
+    DEFAULT_MODEL,
+    TauChoice,
+    check_model_spec,
+    find_profile,
+    list_profiles,
+    load_profile,
+    model_spec,
+    parse_profile,
+    profile_dirs,
+    profile_of,
+)
 
-SHIPPED = {"smollm2", "mistral", "llama2-7b", "llama2-13b", "llama3.1-8b", "qwen2.5-7b"}
+SHIPPED = {"qwen2.5-coder-0.5b", "smollm2", "mistral", "llama2-7b", "llama2-13b", "llama3.1-8b", "qwen2.5-7b"}
 
 # spec cake-method.md §5: hub id, dtype, max prompt, (tau1, tau2) at B=1024, at B=128
 PUBLISHED = {
@@ -89,6 +103,54 @@ def test_smollm2_is_the_embedded_model_with_searched_taus():
     assert [t.budget for t in p.taus] == [128, 1024]
     assert all(0.2 <= t.tau1 <= 2.0 and 0.4 <= t.tau2 <= 3.0 for t in p.taus)  # the paper's search ranges
     assert "cake bench tau-search" in p.tau_source and "disjoint" in p.tau_source
+
+
+def test_qwen_coder_is_the_embedded_default_with_untuned_taus():
+    p = load_profile(DEFAULT_MODEL)
+    assert p.name == "qwen2.5-coder-0.5b" and p.embedded in EMBEDDED_MODELS and p.hub_id is None
+    assert p.display_name == "qwen2.5-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct)"
+    assert (p.window, p.gamma, p.pooling.kind, p.pooling.kernel, p.dtype) == (32, 200.0, "avg", 5, "bfloat16")
+    assert p.max_prompt_tokens == 31500 < 32768  # room for generation under its 32768 positions
+    assert [(t.budget, t.tau1, t.tau2) for t in p.taus] == [(128, 1.0, 1.0), (1024, 1.0, 1.0)]
+    assert p.tau_source.startswith("not tuned yet: the CAKE authors' fallback tau1 = tau2 = 1.0")
+    assert "Apache-2.0" in p.source_file.read_text()  # the upstream weights' licence is noted
+    for alias in ("qwen-coder", "qwen2.5-coder", "Qwen2.5-Coder-0.5B-Instruct"):
+        assert load_profile(alias).name == "qwen2.5-coder-0.5b"
+
+
+def test_model_spec_default_and_env(monkeypatch):
+    assert model_spec(None) == DEFAULT_MODEL == "qwen2.5-coder-0.5b"
+    assert model_spec("smollm2") == "smollm2"
+    monkeypatch.setenv("CAKE_MODEL", "mistral")
+    assert model_spec(None) == "mistral" and profile_of(None).name == "mistral"
+
+
+def test_check_model_spec_refuses_early(tmp_path):
+    assert check_model_spec("mistral-7b").name == "mistral" and check_model_spec(None).name == DEFAULT_MODEL
+    assert check_model_spec("someorg/some-model") is None  # a hub id: the loader looks in the HF cache
+    assert check_model_spec(str(tmp_path)) is None  # an existing folder
+    with pytest.raises(CakeError) as e:
+        check_model_spec("qwen-codr")
+    assert e.value.message.startswith("unknown model 'qwen-codr'; did you mean 'qwen-coder' or ")
+    assert e.value.hint.startswith("valid profiles: ") and ".gguf file" in e.value.hint
+    for missing in ("./nope", "/no/such/dir", "missing.gguf", "a/b/c"):
+        with pytest.raises(CakeError, match=f"no such file or directory: {missing}"):
+            check_model_spec(missing)
+
+
+def test_profiles_import_no_torch():
+    code = (
+        "import sys, cake_cli.models.profiles, cake_cli.models.checkpoints; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'}))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+def test_profile_of_paths_without_an_embedded_match(tmp_path):
+    other = tmp_path / "x.gguf"
+    other.write_bytes(b"GGUF" + b"\0" * 60)
+    assert profile_of(str(tmp_path)) is None and profile_of(str(other)) is None
+    assert profile_of("mistral-7b").name == "mistral" and profile_of("no-such-model") is None
 
 
 # --------------------------------------------------------------------------- taus_for
@@ -205,6 +267,18 @@ def test_unknown_name_without_close_match_lists_valid():
         ({"pooling": {"kind": "median", "kernel": 5}}, "pooling.kind 'median'"),
         ({"pooling": {"kind": "avg", "kernel": 4}}, "must be odd"),
         ({"window": True}, "'window' must be a positive integer"),
+        ({"window": "128"}, "'window' must be a positive integer (got '128')"),
+        ({"window": 32.0}, "'window' must be a positive integer (got 32.0)"),
+        ({"taus": [{"budget": True, "tau1": 1, "tau2": 1}]}, "'taus[0].budget' must be a positive integer"),
+        ({"taus": [{"budget": 128, "tau1": float("inf"), "tau2": 1}]}, "'taus[0].tau1' must be a positive number"),
+        ({"taus": [{"budget": 128, "tau1": "1", "tau2": 1}]}, "'taus[0].tau1' must be a positive number"),
+        ({"taus": [5]}, "taus[0] must be a mapping"),
+        ({"taus": "x"}, "'taus' must be a non-empty list"),
+        ({"pooling": "avg"}, "'pooling' must be a mapping"),
+        ({"pooling": {"kind": "avg", "kernel": "5"}}, "'pooling.kernel' must be a positive integer"),
+        ({"hub_id": None, "path": None, "embedded": None, "colour": 1, "version": 3}, "unsupported version 3"),
+        ({"colour": 1, "window": None}, "unknown key 'colour'"),  # unknown keys before missing ones
+        ({"aliases": None, "hub_id": None}, "needs exactly one of hub_id, embedded, path (found 0)"),
         ({"max_prompt_tokens": 0}, "'max_prompt_tokens' must be a positive integer"),
         ({"gamma": -1}, "'gamma' must be a non-negative number"),
         ({"taus": []}, "non-empty list"),
@@ -224,8 +298,25 @@ def test_schema_errors(tmp_path, changes, needle):
 
 
 def test_schema_name_must_match_file(tmp_path):
-    with pytest.raises(CakeError, match="differs from the file name"):
+    with pytest.raises(CakeError, match="differs from the file name") as e:
         parse_profile(write(tmp_path, valid(), stem="other"))
+    assert e.value.hint == "rename it toy.yaml"
+
+
+def test_schema_hints(tmp_path):
+    with pytest.raises(CakeError) as e:
+        parse_profile(write(tmp_path, valid(colour="red")))
+    assert e.value.hint.startswith("allowed keys: version, name, description, hub_id, embedded, path, aliases")
+    with pytest.raises(CakeError) as e:
+        parse_profile(write(tmp_path, valid(pooling={"kind": "avg", "kernel": 5, "stride": 1})))
+    assert e.value.hint == "allowed keys: pooling.kind, pooling.kernel"
+    with pytest.raises(CakeError) as e:
+        parse_profile(write(tmp_path, valid(version=None)))
+    assert e.value.hint == "add `version: 1`"
+    with pytest.raises(CakeError) as e:
+        parse_profile(write(tmp_path, valid(hub_id=None, embedded="llm-other")))
+    assert e.value.hint == f"known: {', '.join(EMBEDDED_MODELS)}"
+    assert "\n" not in e.value.one_line()
 
 
 @pytest.mark.parametrize("text, needle", [("[1, 2]", "expected a mapping"), ("a: [unclosed", "not valid YAML")])

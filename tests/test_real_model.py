@@ -33,7 +33,9 @@ def summarize_json(path, shared_home, monkeypatch, *extra):
     monkeypatch.setenv("CAKE_HOME", shared_home)
     monkeypatch.delenv("CAKE_MODEL", raising=False)
     monkeypatch.delenv("CAKE_PROFILES_DIR", raising=False)
-    result = runner.invoke(app, ["summarize", str(path), "--budget", "256", "-n", "32", "--json", *extra])
+    result = runner.invoke(
+        app, ["summarize", str(path), "--model", "smollm2", "--budget", "256", "-n", "32", "--json", *extra]
+    )
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 

@@ -43,7 +43,7 @@ def cake_json(monkeypatch, shared_home, *args) -> dict:
     monkeypatch.setenv("CAKE_HOME", shared_home)
     monkeypatch.delenv("CAKE_MODEL", raising=False)
     monkeypatch.delenv("CAKE_PROFILES_DIR", raising=False)
-    result = runner.invoke(app, [str(a) for a in args] + ["--json"])
+    result = runner.invoke(app, [str(a) for a in args] + ["--model", "smollm2", "--json"])
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 

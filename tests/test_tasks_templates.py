@@ -49,6 +49,16 @@ def test_template_flags():
         ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\noutput: html\n", "'output'"),
         ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\nchat: maybe\n", "'chat'"),
         ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\nfields: question\n", "'fields'"),
+        ("version: 1\ntask: t\nuser: '{document}'\n", "unknown or missing keys"),
+        ("- a list\n", "unknown or missing keys"),
+        ("version: true\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\n", "has version True, expected 1"),
+        ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: '64'\n", "'max_new_tokens' must be a positive"),
+        ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: true\n", "'max_new_tokens' must be a positive"),
+        ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 0\n", "'max_new_tokens' must be a positive"),
+        ("version: 1\ntask: t\nuser: 5\nmax_new_tokens: 5\n", "'user' must be text"),
+        ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\nlocate: 1\n", "'locate' must be true"),
+        ("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\nno_repeat_ngram_size: -1\n", "non-negative"),
+        ("version: 1\ntask: !!python/object/apply:os.system [echo hi]\n", "not valid YAML"),  # nothing runs
     ],
 )
 def test_bad_templates_are_one_line_errors(tmp_path, monkeypatch, body, words):
@@ -57,6 +67,28 @@ def test_bad_templates_are_one_line_errors(tmp_path, monkeypatch, body, words):
     with pytest.raises(CakeError) as err:
         load_template("t")
     assert words in err.value.one_line() and "\n" not in err.value.one_line()
+    assert "t.yaml" in err.value.message
+
+
+def test_template_keys_hint_lists_the_allowed_keys(tmp_path, monkeypatch):
+    (tmp_path / "t.yaml").write_text("version: 1\ntask: t\nuser: '{document}'\nmax_new_tokens: 5\ncolour: red\n")
+    monkeypatch.setattr(tasks, "template_dir", lambda: tmp_path)
+    with pytest.raises(CakeError) as err:
+        load_template("t")
+    assert err.value.hint == (
+        "allowed keys: chat, description, fields, locate, max_new_tokens, no_repeat_ngram_size, output, system, "
+        "task, user, version"
+    )
+
+
+def test_minimal_template_gets_the_defaults(tmp_path, monkeypatch):
+    (tmp_path / "t.yaml").write_text(
+        "version: 1\ntask: t\nuser: 'Sum up: {document}'\nmax_new_tokens: 5\nfields: null\n"
+    )
+    monkeypatch.setattr(tasks, "template_dir", lambda: tmp_path)
+    assert load_template("t") == tasks.Template(
+        task="t", description="", system=None, user="Sum up: {document}", max_new_tokens=5
+    )
 
 
 def test_qa_question_ends_the_prompt(tokenizer):

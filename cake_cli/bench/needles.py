@@ -18,10 +18,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from cake_cli.bench.datasets import check_split
+from cake_cli.bench.splits import Case, case_id, check_split, needle_depths, split_range
 
 NEEDLE_TASKS = ("s-rt", "m-rt", "m-rs")
-NEEDLE_GAP = 0.1  # fraction of the document between consecutive needles (NeedleBench's `diff`)
 SNAP_CHARS = 400  # a needle moves back at most this many characters to a sentence end
 
 _ONSETS = (
@@ -52,37 +51,6 @@ _FIRST_ENDINGS = ("do", "na", "rik", "via", "los", "mira", "ten", "sa", "vin", "
 _COLORS = ("amber", "silver", "crimson", "jade", "cobalt", "ivory", "golden", "violet")
 _OBJECTS = ("compass", "lantern", "chalice", "hourglass", "astrolabe", "music box", "sextant", "telescope")
 _CODE_RANGE = {"eval": (10000, 54999), "tune": (55000, 99999)}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One benchmark prompt: a document, a question, and what a right answer contains.
-
-    Attributes:
-        task: "s-rt", "m-rt", "m-rs" or "qa".
-        case_id: stable id within (task, split), independent of the length, e.g. "d50-n3".
-        split: "eval" or "tune".
-        length: nominal prompt length, tokens (the prompt is built to about this size).
-        depth: where the first needle / gold paragraph starts, fraction of the document.
-        document: the haystack with the needles (or gold paragraphs) inserted.
-        question: asked after the document (inside CAKE's observation window).
-        references: needle sentences (needle tasks; M-RS: the answer sentence) or gold answers (qa).
-        keywords: per reference, the text a right answer contains (needle tasks); () for qa.
-        insert_offsets: character offsets of the needles / gold paragraphs in `document`.
-        source: where the haystack came from, e.g. "essays[120033:151100]" or "squad:<id>".
-    """
-
-    task: str
-    case_id: str
-    split: str
-    length: int
-    depth: float
-    document: str
-    question: str
-    references: tuple[str, ...]
-    keywords: tuple[str, ...]
-    insert_offsets: tuple[int, ...]
-    source: str
 
 
 @dataclass(frozen=True)
@@ -128,11 +96,6 @@ class _Names:
 
     def treasure(self) -> str:
         return self._unique(lambda: f"{self.rng.choice(_COLORS)} {self.rng.choice(_OBJECTS)}")
-
-
-def case_id(index: int, depth: float) -> str:
-    """The id of a case, the same at every length: depth in percent and index, e.g. "d50-n3"."""
-    return f"d{round(depth * 100):02d}-n{index}"
 
 
 def needle_facts(task: str, split: str, index: int) -> Facts:
@@ -186,16 +149,6 @@ def needle_facts(task: str, split: str, index: int) -> Facts:
         (f"The ship of captain {person} is anchored in the harbour of {port}.",),
         (port,),
     )
-
-
-def needle_depths(depth: float, count: int) -> list[float]:
-    """Target depths of `count` needles: `depth`, then `NEEDLE_GAP` apart, capped at 1.
-
-    Raises ValueError for a depth outside [0, 1].
-    """
-    if not 0.0 <= depth <= 1.0:
-        raise ValueError(f"depth must be a fraction in [0, 1], got {depth}")
-    return [min(depth + i * NEEDLE_GAP, 1.0) for i in range(count)]
 
 
 def _sentence_end_before(text: str, pos: int) -> int:
@@ -283,8 +236,6 @@ def make_needle_case(
     Raises:
         ValueError: the needles alone do not fit, or the split's range is too short.
     """
-    from cake_cli.bench.datasets import split_range
-
     facts = facts or needle_facts(task, split, index)
     needle_tokens = sum(len(tokenizer(" " + s + " ", add_special_tokens=False)["input_ids"]) for s in facts.needles)
     hay_tokens = doc_tokens - needle_tokens

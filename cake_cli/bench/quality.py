@@ -5,136 +5,28 @@ replays its eviction on that recording and decodes the short answer greedily (`e
 tested equal to a live prefill). Results are rows keyed by (task, case id, length, method,
 budget), saved after every case so an interrupted run resumes where it stopped.
 
-Methods are named pairings of an allocation and an indicator (`engine.methods.METHODS`), or any
-pairing written `allocation+indicator` (paper Sec. 5.5), e.g. `cake+snapkv` = CAKE's budgets with
-SnapKV's indicator. `full` (no eviction) is run once per case and shown at every budget.
+The suites, variants and result rows are in `bench.suites`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from cake_cli.bench.datasets import check_split
-from cake_cli.bench.needles import NEEDLE_TASKS, Case, case_id
+import torch
+
+from cake_cli.bench.datasets import haystack_text, make_qa_case, qa_item
+from cake_cli.bench.needles import make_needle_case, needle_facts
 from cake_cli.bench.scoring import score_answer
+from cake_cli.bench.splits import Case, case_id
+from cake_cli.bench.suites import TEMPLATES, CaseResult, Suite, Variant, result_key
 from cake_cli.engine.allocation import ALLOCATIONS
-from cake_cli.engine.config import ConfigError
-from cake_cli.engine.indicators import INDICATORS
-from cake_cli.engine.methods import METHODS, resolve
-from cake_cli.errors import UsageError, unknown_name
+from cake_cli.engine.generate import decode
+from cake_cli.engine.replay import record, replay
+from cake_cli.tasks.templates import build_prompt, load_template
 
-TASKS = (*NEEDLE_TASKS, "qa")
-TEMPLATES = {"s-rt": "bench_needle", "m-rs": "bench_needle", "m-rt": "bench_multi_needle", "qa": "bench_qa"}
 PROMPT_SLACK = 16  # tokens kept free for re-tokenisation where document and template meet
-
-
-@dataclass(frozen=True)
-class Suite:
-    """Which cases to run: every task x length x depth x repeat of one split."""
-
-    tasks: tuple[str, ...]
-    lengths: tuple[int, ...]  # nominal prompt lengths, tokens (clamped to the model's limit)
-    depths: tuple[float, ...]  # fractions of the document
-    repeats: int  # cases per (task, depth), each with other facts / QA item and haystack offset
-    split: str = "eval"
-
-    def specs(self) -> list[tuple[str, int, float, int]]:
-        """(task, index, depth, length) of every case; `index` numbers the cases of a task."""
-        check_split(self.split)
-        out = []
-        for task in self.tasks:
-            for d_idx, depth in enumerate(self.depths):
-                for r in range(self.repeats):
-                    index = d_idx * self.repeats + r
-                    out.extend((task, index, depth, length) for length in self.lengths)
-        return out
-
-
-EVAL_SUITE = Suite(TASKS, (2048, 4096, 8192), (0.1, 0.5, 0.9), 2, "eval")
-QUICK_SUITE = Suite(TASKS, (2048,), (0.25, 0.75), 1, "eval")
-TUNE_SUITE = Suite(TASKS, (4096, 8192), (0.2, 0.5, 0.8), 1, "tune")
-
-
-@dataclass(frozen=True)
-class Variant:
-    """A method to benchmark: a named method, or an allocation+indicator pairing, optional taus.
-
-    `allocation` is None for "full" (no eviction).
-    """
-
-    name: str
-    allocation: str | None
-    indicator: str | None
-    taus: tuple[float, float] | None = None  # override the profile's (tau1, tau2)
-
-    def config(self, base):
-        """`base` (a CakeConfig for one budget) switched to this variant; None for "full"."""
-        if self.allocation is None:
-            return None
-        config = replace(base, allocation=self.allocation, indicator=self.indicator)
-        return replace(config, tau1=self.taus[0], tau2=self.taus[1]) if self.taus else config
-
-
-def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
-    """Variants from `--methods a,b` (METHODS names) and `--pairings alloc+ind,...` (`methods.resolve`).
-
-    Raises:
-        UsageError: an unknown name (with "did you mean" and the valid names), or no method.
-    """
-    out: list[Variant] = []
-    for option, text in (("--methods", methods), ("--pairings", pairings)):
-        for name in (m.strip() for m in text.split(",")):
-            if not name:
-                continue
-            if option == "--methods" and name not in METHODS:
-                raise unknown_name("method", name, METHODS)
-            try:
-                if option == "--pairings" and "+" not in name:
-                    raise ConfigError("method", "not allocation+indicator")
-                pair = resolve(name)
-            except ConfigError as exc:
-                raise UsageError(
-                    f"unknown pairing '{name}' ({exc})",
-                    f"write allocation+indicator with allocation in {', '.join(ALLOCATIONS)} and "
-                    f"indicator in {', '.join(INDICATORS)}, e.g. cake+snapkv",
-                ) from None
-            out.append(Variant(name, *(pair or (None, None))))
-    if not out:
-        raise UsageError("no method to benchmark", "give --methods, e.g. full,snapkv,cake")
-    names = [v.name for v in out]
-    return [v for i, v in enumerate(out) if v.name not in names[:i]]  # drop repeats
-
-
-@dataclass(frozen=True)
-class CaseResult:
-    """One answer: a (case, length, method, budget) cell. Times in seconds; score in [0, 1]."""
-
-    task: str
-    case_id: str
-    split: str
-    length: int  # nominal
-    method: str
-    budget: int | None  # None for "full"
-    prompt_tokens: int
-    depth: float
-    score: float
-    prediction: str
-    tau1: float | None
-    tau2: float | None
-    seconds: float  # replay + decode
-    record_seconds: float  # the shared full prefill of this case
-    source: str
-
-    @property
-    def key(self) -> tuple:
-        return result_key(self.task, self.case_id, self.length, self.method, self.budget)
-
-
-def result_key(task: str, cid: str, length: int, method: str, budget: int | None) -> tuple:
-    """The resume key of one cell."""
-    return (task, cid, int(length), method, None if budget is None else int(budget))
 
 
 @dataclass
@@ -153,10 +45,6 @@ def build_case(model: Model, task: str, split: str, index: int, depth: float, le
     Raises:
         ValueError / CakeError: from the needle or QA builders.
     """
-    from cake_cli.bench.datasets import haystack_text, make_qa_case, qa_item
-    from cake_cli.bench.needles import make_needle_case, needle_facts
-    from cake_cli.tasks.templates import build_prompt, load_template
-
     template = load_template(TEMPLATES[task])
     target = min(length, model.max_prompt_tokens)
 
@@ -184,8 +72,6 @@ def build_case(model: Model, task: str, split: str, index: int, depth: float, le
 
 def prompt_ids(model: Model, case: Case) -> list[int]:
     """The chat-rendered prompt of a case (never truncated: CakeError if it does not fit)."""
-    from cake_cli.tasks.templates import build_prompt, load_template
-
     template = load_template(TEMPLATES[case.task])
     return list(
         build_prompt(
@@ -241,11 +127,6 @@ def run_grid(
     Returns:
         The new rows, in run order.
     """
-    import torch
-
-    from cake_cli.engine.generate import decode
-    from cake_cli.engine.replay import record, replay
-
     if not budgets:
         raise ValueError("run_grid needs at least one budget")
     configs = {b: config_for_budget(b) for b in budgets}
@@ -284,8 +165,8 @@ def run_grid(
                     depth=depth,
                     score=round(score_answer(task, text, case.references, case.keywords), 6),
                     prediction=text,
-                    tau1=config.tau1 if config is not None and config.allocation == "cake" else None,
-                    tau2=config.tau2 if config is not None and config.allocation == "cake" else None,
+                    tau1=config.tau1 if uses_taus(config) else None,
+                    tau2=config.tau2 if uses_taus(config) else None,
                     seconds=round(time.perf_counter() - start, 3),
                     record_seconds=round(rec.seconds, 3),
                     source=case.source,
@@ -296,6 +177,11 @@ def run_grid(
         if on_case:
             on_case(case_rows)
     return rows
+
+
+def uses_taus(config) -> bool:
+    """Whether a run's budgets depend on the layer preferences, hence on the taus (Eq. 7)."""
+    return config is not None and ALLOCATIONS[config.allocation].uses_stats
 
 
 def _kept_key(state, config) -> tuple:
@@ -320,8 +206,6 @@ def _kept_key(state, config) -> tuple:
 
 
 def _max_new_tokens(task: str) -> int:
-    from cake_cli.tasks.templates import load_template
-
     return load_template(TEMPLATES[task]).max_new_tokens
 
 

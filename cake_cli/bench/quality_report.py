@@ -15,13 +15,16 @@ above / equal to / below each other method on the same prompt (a sign-test view)
 from __future__ import annotations
 
 import json
-import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rich.table import Table
+
 from cake_cli.bench.scoring import TASK_WEIGHTS, weighted_overall
+from cake_cli.bench.suites import result_key
 from cake_cli.errors import CakeError, UsageError
+from cake_cli.files import write_atomic
 
 FORMAT = "cake-bench-quality"
 FORMAT_VERSION = 1
@@ -66,23 +69,14 @@ def check_resumable(path: Path, old: dict, new: dict) -> None:
 
 
 def save_results(path: Path, meta: dict, rows: list[dict]) -> None:
-    """Write the results file atomically (a temporary file, then rename)."""
+    """Write the results file atomically (`files.write_atomic`: temporary file, fsync, rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(
-        json.dumps(
-            {"format": FORMAT, "version": FORMAT_VERSION, "meta": meta, "rows": rows}, indent=1, ensure_ascii=False
-        )
-        + "\n",
-        encoding="utf-8",
-    )
-    os.replace(tmp, path)
+    payload = {"format": FORMAT, "version": FORMAT_VERSION, "meta": meta, "rows": rows}
+    write_atomic(path, json.dumps(payload, indent=1, ensure_ascii=False) + "\n", "results file")
 
 
 def row_key(row: dict) -> tuple:
     """The resume key of a stored row (see `quality.result_key`)."""
-    from cake_cli.bench.quality import result_key
-
     return result_key(row["task"], row["case_id"], row["length"], row["method"], row["budget"])
 
 
@@ -132,8 +126,6 @@ def paired_counts(rows: list[dict], versus: str, methods: list[str], budgets: li
     """{(other method, budget): (wins, ties, losses)} of `versus` over the cases (task, case_id,
     length) that both methods answered at that budget; "full" is compared at every budget. Scores
     within `tol` tie."""
-    from cake_cli.bench.quality import result_key
-
     by_key = {row_key(r): r["score"] for r in rows}
     cases = {(r["task"], r["case_id"], r["length"]) for r in rows}
     out = {}
@@ -214,8 +206,6 @@ def _views(summary: Summary, views: list) -> list[tuple[str, str, str, list[list
 def rich_tables(summary: Summary, title: str) -> list:
     """[(heading, rich Table)]: overall and each task over all lengths, then overall per length,
     then CAKE's paired counts."""
-    from rich.table import Table
-
     out = []
     views = [(t, None) for t in summary.tasks] + [("overall", n) for n in summary.lengths]
     for heading, unit, first, rows in _views(summary, views):
@@ -278,68 +268,6 @@ def target_checks(
             f"{_fmt(full)} ({share} of full; target {ratio:.0%})"
         )
     return lines
-
-
-def plot(summary: Summary, path: Path, title: str) -> None:
-    """PNG: score vs budget (log2 axis), one line per method, one panel per task + overall (all
-    lengths) + overall at the longest length; full cache as a dashed line. matplotlib, Agg backend.
-
-    Raises:
-        CakeError: matplotlib is not installed (with the install command).
-    """
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise CakeError(
-            "the plot needs matplotlib",
-            "install it with `pip install matplotlib` (or `pip install -e '.[bench]'`), or leave out --plot",
-        ) from None
-    panels = [(t, None) for t in summary.tasks]
-    if len(summary.lengths) > 1:
-        panels.append(("overall", summary.lengths[-1]))  # the longest contexts on their own
-    cols = min(3, len(panels))
-    rows_n = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.6 * rows_n), squeeze=False)
-    budgets = list(summary.budgets)
-    for ax, (task, length) in zip(axes.flat, panels):
-        for m in summary.methods:
-            ys = [summary.get(task, m, b, length) for b in budgets]
-            if all(y is None for y in ys):
-                continue
-            ys = [float("nan") if y is None else 100 * y for y in ys]
-            if m == "full":
-                ax.plot(budgets, ys, "k--", label="full cache", linewidth=1.2)
-            else:
-                ax.plot(
-                    budgets,
-                    ys,
-                    marker="o",
-                    markersize=3,
-                    label=m,
-                    linewidth=2.2 if m == "cake" else 1.2,
-                    linestyle=":" if "+" in m else "-",
-                )
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(budgets, [str(b) for b in budgets])
-        ax.set_title(
-            TASK_TITLES.get(task, task) + ("" if length is None else f", {length}-token contexts"), fontsize=10
-        )
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel("KV budget B (tokens per layer)")
-        ax.set_ylabel("score")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=8, frameon=False)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def rows_as_dicts(rows) -> list[dict]:

@@ -23,6 +23,8 @@ import string
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
+from rapidfuzz.distance import Levenshtein
+
 PARTIAL_WEIGHT = 0.2  # NeedleBench: weight of the Levenshtein similarity when the keyword is missing
 
 # Weighted average over tasks (fractions summing to 1). NeedleBench's overall score weights
@@ -38,8 +40,6 @@ _PUNCT = set(string.punctuation)
 
 def levenshtein_similarity(a: str, b: str) -> float:
     """1 - Levenshtein distance / max(len(a), len(b)), in [0, 1] (1.0 when both are empty)."""
-    from rapidfuzz.distance import Levenshtein
-
     return float(Levenshtein.normalized_similarity(a, b))
 
 

@@ -19,8 +19,6 @@ from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import generate
 from cake_cli.engine.methods import with_method
 
-SPEED_METHODS = ("full", "snapkv", "pyramidkv", "cake", "cake-grow")
-
 
 @dataclass(frozen=True)
 class SpeedRow:
@@ -92,7 +90,7 @@ def run_speed(
         token_ids: a long real prompt; each length uses its first `length` tokens.
         base: CAKE settings (budget, window, taus) shared by the evicting methods.
         lengths: prompt lengths in tokens (each <= len(token_ids)).
-        methods: names from SPEED_METHODS.
+        methods: names from `bench.suites.SPEED_METHODS`.
         new_tokens: tokens generated per run (decode speed is over new_tokens - 1 steps).
         repeats: runs per case; the median is reported.
         on_case: progress callback, called before each run with a short label.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from cake_cli.cli.report import human_bytes
+from cake_cli.tasks.results import human_bytes
 
 
 def _ratio(d: dict, key: str) -> str:

@@ -13,16 +13,22 @@ all budgets searched, then to the pair nearest (1, 1) in log space (the authors'
 
 from __future__ import annotations
 
+import io
 import math
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from cake_cli.bench.quality import Variant
+import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString
+
 from cake_cli.bench.scoring import weighted_overall
+from cake_cli.bench.suites import Variant
 from cake_cli.errors import CakeError
+from cake_cli.files import write_atomic
+from cake_cli.models.profiles import parse_profile, validate_profile
 
 TAU1_GRID = (0.2, 0.5, 1.0, 1.5, 2.0)  # paper range 0.2-2
 TAU2_GRID = (0.4, 0.8, 1.5, 2.2, 3.0)  # paper range 0.4-3
@@ -93,43 +99,41 @@ def choose(rows: list[dict], budgets=TAU_BUDGETS) -> list[TauScores]:
 
 
 def write_profile_taus(path: Path, chosen: list[TauScores], source: str) -> None:
-    """Set the `taus:` points of the searched budgets (others are kept) and the `tau_source:` line
-    of a profile YAML, keeping every other line and comment; validated before it replaces the file.
+    """Set the `taus:` points of the searched budgets (other budgets keep theirs) and `tau_source:`
+    in a profile YAML, keeping every other key, comment and quote (ruamel.yaml round trip).
+
+    The edited text is validated through the profile schema before it replaces the file
+    atomically (`files.write_atomic`), so a failure leaves the old file untouched.
 
     Raises:
-        CakeError: the file has no `taus:` block or `tau_source:` line, or the result does not
-            validate as a profile.
+        CakeError: the file does not validate as a profile before or after the edit, or the
+            result does not hold the chosen taus; or it cannot be written.
     """
-    from cake_cli.models.profile_schema import parse_profile
-
-    lines = path.read_text(encoding="utf-8").splitlines()
+    parse_profile(path)  # a valid profile to begin with: `taus` is a list of {budget, tau1, tau2}
+    rt = YAML()  # round trip: comments, key order, flow style and quotes are kept
+    rt.preserve_quotes = True
+    rt.width = 4096  # never fold a long tau_source line
+    rt.indent(mapping=2, sequence=4, offset=2)
+    data = rt.load(path.read_text(encoding="utf-8"))
+    points = data["taus"]
+    for c in sorted(chosen, key=lambda c: c.budget):
+        tau1, tau2 = (float(t) for t in c.best)
+        old = next((p for p in points if p["budget"] == c.budget), None)
+        if old is not None:  # edited in place: a comment on that line stays
+            old["tau1"], old["tau2"] = tau1, tau2
+            continue
+        point = CommentedMap(budget=c.budget, tau1=tau1, tau2=tau2)
+        point.fa.set_flow_style()
+        points.insert(sum(p["budget"] < c.budget for p in points), point)
+    data["tau_source"] = DoubleQuotedScalarString(source)
+    out = io.StringIO()
+    rt.dump(data, out)
+    text = out.getvalue()
     try:
-        start = next(i for i, line in enumerate(lines) if line.startswith("taus:"))
-        src = next(i for i, line in enumerate(lines) if line.startswith("tau_source:"))
-    except StopIteration:
-        raise CakeError(f"{path} has no 'taus:' block or 'tau_source:' line to update") from None
-    if not re.fullmatch(r"taus:\s*(#.*)?", lines[start]):
-        lines[start] = "taus:"  # an inline (flow) list: rewritten as a block
-    end = start + 1
-    while end < len(lines) and lines[end][:1] in (" ", "-", "\t"):  # the block: indented or "- " lines
-        end += 1
-    merged = {p.budget: (p.tau1, p.tau2) for p in parse_profile(path).taus}  # budgets not searched stay
-    merged.update({c.budget: c.best for c in chosen})
-    points = [
-        f"  - {{budget: {b}, tau1: {float(t1)!r}, tau2: {float(t2)!r}}}" for b, (t1, t2) in sorted(merged.items())
-    ]
-    quoted = source.replace("\\", "\\\\").replace('"', '\\"')
-    lines[src] = f'tau_source: "{quoted}"'
-    lines[start + 1 : end] = points
-    text = "\n".join(lines) + "\n"
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmpdir:
-        tmp = Path(tmpdir) / path.name  # same stem: the schema checks name == file stem
-        tmp.write_text(text, encoding="utf-8")
-        try:
-            profile = parse_profile(tmp)
-        except CakeError as exc:
-            raise CakeError(f"the updated profile would not validate ({exc.message})") from None
-        got = {p.budget: (p.tau1, p.tau2) for p in profile.taus}
-        if any(got.get(c.budget) != c.best for c in chosen):
-            raise CakeError(f"the updated profile {path} does not hold the chosen taus")
-        os.replace(tmp, path)
+        profile = validate_profile(yaml.safe_load(text), path)
+    except CakeError as exc:
+        raise CakeError(f"the updated profile would not validate ({exc.message})") from None
+    got = {p.budget: (p.tau1, p.tau2) for p in profile.taus}
+    if any(got.get(c.budget) != tuple(float(t) for t in c.best) for c in chosen):
+        raise CakeError(f"the updated profile {path} does not hold the chosen taus")
+    write_atomic(path, text, "profile")

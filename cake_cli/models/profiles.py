@@ -1,4 +1,4 @@
-"""Model profiles: finding them by name, alias or hub id (the schema: :mod:`profile_schema`).
+"""Model profiles: finding them by name, alias or hub id (the type: :mod:`profile`; files: :mod:`profile_schema`).
 
 Profiles are searched, later directories overriding earlier ones by name:
 
@@ -8,25 +8,29 @@ Profiles are searched, later directories overriding earlier ones by name:
 3. every directory in ``$CAKE_PROFILES_DIR`` (``os.pathsep``-separated; used by tests).
 
 Only :mod:`cake_cli.models.profile_schema` knows the YAML layout; the rest of cake-cli sees the frozen
-:class:`Profile`.
+:class:`Profile`. Also which model a ``--model`` value means (:func:`model_spec`, the default
+:data:`DEFAULT_MODEL`) and its profile (:func:`profile_of`), without loading torch.
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib.resources
 import os
 from pathlib import Path
 
-from cake_cli.errors import CakeError
-from cake_cli.models.profile_schema import (  # noqa: F401 - re-exported: the public profile API
+from cake_cli.errors import CakeError, did_you_mean
+from cake_cli.models.checkpoints import embedded_of_path
+from cake_cli.models.profile import (  # noqa: F401 - re-exported: the public profile API
     SCHEMA_VERSION,
     Pooling,
     Profile,
     TauChoice,
     TauPoint,
-    parse_profile,
 )
+from cake_cli.models.profile_schema import HUB_ID_RE, parse_profile, validate_profile  # noqa: F401 - re-exported
+from cake_cli.paths import user_profiles_dir
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"  # the embedded Qwen2.5-Coder-0.5B-Instruct (profiles/qwen2.5-coder-0.5b.yaml)
 
 
 def _shipped_dir() -> Path | None:
@@ -43,9 +47,7 @@ def _shipped_dir() -> Path | None:
 
 def profile_dirs() -> list[Path]:
     """Directories searched for ``*.yaml`` profiles, lowest precedence first (existing only)."""
-    from cake_cli.models.loader import cake_home  # lazy: loader imports this module
-
-    dirs = [_shipped_dir(), cake_home() / "profiles"]
+    dirs = [_shipped_dir(), user_profiles_dir()]
     extra = os.environ.get("CAKE_PROFILES_DIR", "")
     dirs += [Path(p).expanduser() for p in extra.split(os.pathsep) if p]
     return [d for d in dirs if d is not None and d.is_dir()]
@@ -101,13 +103,62 @@ def load_profile(name_or_alias: str) -> Profile:
     return p
 
 
+def unknown_model_error(name: str) -> CakeError:
+    """The CakeError for a ``--model`` value that is no path, profile or hub id."""
+    err = unknown_profile_error(name, "model")
+    err.hint = (
+        f"{err.hint}; or give a local model directory, a .gguf file, or a hub id "
+        "org/name already in the Hugging Face cache"
+    )
+    return err
+
+
 def unknown_profile_error(name: str, what: str = "model profile") -> CakeError:
     """A CakeError for an unknown profile name, with "did you mean …" and the valid names."""
     profiles = list_profiles()
     keys = [k for p in profiles for k in (p.name, *p.aliases)]
-    close = difflib.get_close_matches(name.strip().lower(), keys, n=3, cutoff=0.5)
-    msg = f"unknown {what} {name!r}"
-    if close:
-        msg += f"; did you mean {' or '.join(repr(c) for c in close)}?"
     valid = ", ".join(p.name for p in profiles) or "(none found)"
-    return CakeError(msg, hint=f"valid profiles: {valid}")
+    return CakeError(f"unknown {what} {name!r}{did_you_mean(name, keys)}", hint=f"valid profiles: {valid}")
+
+
+def embedded_profile(source: str) -> Profile | None:
+    """The profile (first by name) whose ``embedded:`` is ``source``, or None."""
+    return next((p for p in list_profiles() if p.embedded == source), None)
+
+
+def model_spec(spec: str | None) -> str:
+    """The model to use: ``spec``, else ``$CAKE_MODEL``, else :data:`DEFAULT_MODEL`."""
+    return spec or os.environ.get("CAKE_MODEL") or DEFAULT_MODEL
+
+
+def profile_of(spec: str | None) -> Profile | None:
+    """The profile a ``--model`` value means, without loading any weight or torch.
+
+    A name, alias or hub id: its profile (None when unknown). An existing path: the embedded
+    model's profile when the path is that model's GGUF (same size and sha256) or its converted
+    folder (by the conversion marker), else None.
+    """
+    spec = model_spec(spec)
+    path = Path(spec).expanduser()
+    if path.exists():
+        em = embedded_of_path(path)
+        return embedded_profile(em.source) if em else None
+    return find_profile(spec)
+
+
+def check_model_spec(spec: str | None) -> Profile | None:
+    """:func:`profile_of`, refusing first what no load could serve: cheap, no torch, no weights.
+
+    Raises:
+        CakeError: a path that does not exist, or a name that is no profile, alias or hub id
+            (with "did you mean …" and the valid names).
+    """
+    spec = model_spec(spec)
+    if Path(spec).expanduser().exists():
+        return profile_of(spec)
+    if spec.startswith((".", "/", "~")) or spec.lower().endswith(".gguf") or spec.count("/") > 1:
+        raise CakeError(f"no such file or directory: {spec}")
+    profile = find_profile(spec)
+    if profile is None and not HUB_ID_RE.match(spec):
+        raise unknown_model_error(spec)
+    return profile

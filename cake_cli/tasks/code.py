@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from cake_cli.errors import CakeError, UsageError
+from cake_cli.tasks.documents import STDIN_NAME, Document, decode_text, normalize_text
 
 DEFAULT_LINES = 5  # lines of code `cake complete` prints by default
 TOKENS_PER_LINE = 24  # generation allowance per requested line, tokens (code lines average ~10)
@@ -32,6 +33,21 @@ _CHAT_OPENER = re.compile(
     re.IGNORECASE,
 )
 _CODE_PUNCTUATION = re.compile(r"[()\[\]{}=;#<>\"'`_]")
+
+
+def check_lines(max_lines: int) -> None:
+    """Raises UsageError unless `--lines` is at least 1."""
+    if max_lines < 1:
+        raise UsageError(f"--lines must be at least 1 (got {max_lines})", "e.g. --lines 5")
+
+
+def check_at_line(at_line: int) -> None:
+    """Raises UsageError unless `--at` is at least 2 (line 1 has nothing before it)."""
+    if at_line < 2:
+        raise UsageError(
+            f"--at must be at least 2 (got {at_line}): line 1 has nothing before it",
+            "give the 1-based number of the first line to predict",
+        )
 
 
 def is_prose(line: str) -> bool:
@@ -63,8 +79,7 @@ class CodeFilter:
     """
 
     def __init__(self, max_lines: int = DEFAULT_LINES):
-        if max_lines < 1:
-            raise UsageError(f"--lines must be at least 1 (got {max_lines})", "e.g. --lines 5")
+        check_lines(max_lines)
         self.max_lines = max_lines
         self.buffer = ""
         self.started = False  # the first code line has been emitted
@@ -124,8 +139,9 @@ def cut_at_line(text: str, at_line: int) -> str:
         UsageError: at_line < 2, past the end (more than the line count + 1), or nothing but
             blank lines before it.
     """
+    check_at_line(at_line)
     lines = _LINE_BREAK.split(text)
-    if at_line < 2 or at_line > len(lines) + 1:
+    if at_line > len(lines) + 1:
         raise UsageError(
             f"--at {at_line} is outside the file (lines 2 to {len(lines) + 1} can be completed)",
             "give the 1-based number of the first line to predict",
@@ -136,7 +152,7 @@ def cut_at_line(text: str, at_line: int) -> str:
     return context
 
 
-def context_before(doc, at_line: int) -> str:
+def context_before(doc: Document, at_line: int) -> str:
     """The completion context for `--at`: for a text file, cut from the file's own bytes, so the
     line numbers are the file's (the loader's normalisation collapses runs of blank lines and
     strips leading ones); for stdin or a PDF, cut from the loaded text.
@@ -149,8 +165,6 @@ def context_before(doc, at_line: int) -> str:
         UsageError: see `cut_at_line`.
         CakeError: the file cannot be read again.
     """
-    from cake_cli.tasks.documents import STDIN_NAME, decode_text, normalize_text
-
     if doc.kind != "text" or doc.source == STDIN_NAME or not Path(doc.source).is_file():
         return cut_at_line(doc.text, at_line)
     try:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from cake_cli.errors import CakeError
+from cake_cli.tasks import pdf
 
 STDIN_NAME = "<stdin>"
 PAGE_SEPARATOR = "\n\n"  # between the texts of two PDF pages in Document.text
@@ -184,7 +185,6 @@ def _load_pdf(data: bytes, name: str, password: str | None) -> Document:
     Raises:
         CakeError: no page has text ("looks scanned"), or from :func:`cake_cli.tasks.pdf.extract_pages`.
     """
-    from cake_cli.tasks import pdf  # imported here so text-only runs never load PDFium
 
     raw_pages, scanned_pages, warnings = pdf.extract_pages(data, name, password)
     pages = [normalize_text(page) for page in raw_pages]

@@ -7,27 +7,20 @@ share P_l / sum P, budget B_l and tokens kept are returned (spec §1-§2). No ty
 
 from __future__ import annotations
 
-from importlib import resources
-from pathlib import Path
+import torch
 
-from cake_cli.tasks.results import InspectResult, layer_results
-from cake_cli.tasks.runner import Callbacks, TaskRequest, prepare
-
-INSPECT_TEMPLATE = "summarize"  # whose prompt is prefilled: the window holds its instruction
-SAMPLE_NAME = "gull-rock.txt"  # packaged sample document (an original short story, ~1,600 tokens)
+from cake_cli.engine.generate import generate
+from cake_cli.tasks.request import Callbacks, Plan
+from cake_cli.tasks.results import InspectResult
+from cake_cli.tasks.runner import prepare, summary_fields
 
 
-def sample_document() -> Path:
-    """The packaged sample text used when `cake inspect-layers` gets no document."""
-    return Path(str(resources.files("cake_cli.tasks") / "data" / "samples" / SAMPLE_NAME))
-
-
-def inspect_layers(request: TaskRequest, callbacks: Callbacks | None = None) -> InspectResult:
-    """Prefill `request.document` with CAKE and return the per-layer statistics and budgets.
+def inspect_layers(plan: Plan, callbacks: Callbacks | None = None) -> InspectResult:
+    """Prefill the plan's document with CAKE and return the per-layer statistics and budgets.
 
     Args:
-        request: as for a task (model, budget, window, dtype, attention, device map,
-            truncation); `request.task` names the template whose prompt is prefilled.
+        plan: a checked request (`request.plan`); `plan.request.task` names the template whose
+            prompt is prefilled.
         callbacks: status, per-layer progress and warnings.
 
     Returns:
@@ -37,43 +30,17 @@ def inspect_layers(request: TaskRequest, callbacks: Callbacks | None = None) -> 
     Raises:
         CakeError: bad document, model or options (one line with a hint).
     """
-    import torch
-
-    from cake_cli.engine.generate import prefill
-
     cb = callbacks or Callbacks()
-    prep = prepare(request, cb)
-    loaded, config = prep.loaded, prep.config
+    prep = prepare(plan, cb)
+    loaded = prep.loaded
     num_layers = loaded.model.config.num_hidden_layers
     input_ids = torch.tensor([prep.prompt.input_ids], device=loaded.device)  # [1, n]
-    if cb.on_status:
-        cb.on_status(f"prefill: {input_ids.shape[1]} tokens through {num_layers} layers (no generation)")
-    state = prefill(loaded.model, input_ids, config, on_layer=cb.on_layer)
-    rows = state.rows()
+    cb.status(f"prefill: {input_ids.shape[1]} tokens through {num_layers} layers (no generation)")
+    result = generate(loaded.model, input_ids, prep.config, max_new_tokens=0, on_layer=cb.on_layer)
     return InspectResult(
-        document=prep.doc.source,
-        template=request.task,
-        model=loaded.name,
-        device=str(loaded.device),
-        dtype=str(loaded.dtype).replace("torch.", ""),
-        attention=prep.backend,
-        prompt_tokens=input_ids.shape[1],
-        document_tokens=prep.prompt.document_tokens,
-        original_document_tokens=prep.prompt.original_document_tokens,
-        budget=config.budget,
-        window=config.window,
-        tau1=config.tau1,
-        tau2=config.tau2,
-        tau_rule=prep.tau_rule,
-        gamma=config.gamma,
-        evicted=any(row.budget is not None for row in rows),
-        evictable_total=config.evictable_total(num_layers),
-        layers=layer_results(rows),
-        kv_bytes_full=state.cache.full_bytes,
-        kv_bytes_kept=state.kv_bytes,
-        kv_peak_prefill=state.peak_bytes,
-        load_seconds=loaded.load_seconds,
-        prefill_seconds=state.seconds,
-        eviction_seconds=state.cascade.seconds if state.cascade else 0.0,
+        **summary_fields(prep, result),
+        document=plan.doc.source,
+        template=plan.request.task,
+        evictable_total=prep.config.evictable_total(num_layers) if prep.config else None,
         warnings=tuple(prep.warnings),
     )

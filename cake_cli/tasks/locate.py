@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from rapidfuzz import fuzz
+
 from cake_cli.tasks.results import Location
 
 THRESHOLD = 80.0  # least partial-ratio similarity (0-100) for a location to be reported
@@ -23,8 +25,10 @@ _EDGE = " \t\n\"'“”‘’«».,;:!?()[]"
 
 
 def candidates(answer: str) -> list[str]:
-    """Pieces of `answer` that may be the quoted passage, longest first, each >= MIN_CHARS."""
+    """Pieces of `answer` that may be the quoted passage, longest first, each >= MIN_CHARS: the whole
+    answer, quoted parts, lines, sentences, and what follows a lead-in ending in a colon."""
     pieces = [answer, *_QUOTED.findall(answer), *answer.splitlines(), *_SENTENCE_END.split(answer)]
+    pieces += [line.split(": ", 1)[1] for line in answer.splitlines() if ": " in line]
     seen: dict[str, None] = {}
     for piece in pieces:
         piece = piece.strip(_EDGE)
@@ -33,35 +37,93 @@ def candidates(answer: str) -> list[str]:
     return sorted(seen, key=len, reverse=True)
 
 
-def locate(answer: str, text: str, page_of=None, threshold: float = THRESHOLD) -> tuple[Location | None, float]:
-    """Where in `text` the passage quoted by `answer` is.
+_WORD = re.compile(r"[^\W_]+")
+STOPWORDS = frozenset(
+    "a an the is are was were be been of to in on at for from by with and or but not no it its this that these "
+    "those there here as so than then which who whom whose what when where why how do does did i you we they he "
+    "she his her their our your my me us them sentence document query answer passage".split()
+)
+MIN_COVERAGE = 0.75  # share of an answer's content words (4 or more) the located passage must hold
+_WORD_SIMILARITY = 85.0  # a content word of 5+ letters counts as found when this close (rapidfuzz ratio)
+
+
+def content_words(answer: str, query: str = "") -> list[str]:
+    """The words of `answer` that answer something: lower-cased, without the query's own words
+    (an answer that echoes the question) and without common function words."""
+    asked = set(_WORD.findall(query.lower()))
+    return [w for w in _WORD.findall(answer.lower()) if w not in asked and w not in STOPWORDS]
+
+
+def missing_words(passage: str, words: list[str]) -> list[str]:
+    """The content words not in `passage` (matched exactly, or fuzzily for words of 5+ letters)."""
+    have = set(_WORD.findall(passage.lower()))
+    close = lambda w: len(w) >= 5 and any(fuzz.ratio(w, h) >= _WORD_SIMILARITY for h in have)  # noqa: E731
+    return [w for w in words if w not in have and not close(w)]
+
+
+def covers(passage: str, words: list[str]) -> bool:
+    """Whether `passage` holds the answer's content: all of 1-3 content words, at least
+    MIN_COVERAGE of more (a quote may end in words of its own, "… and sit on the beach")."""
+    if not words:
+        return False
+    found = len(words) - len(missing_words(passage, words))
+    return found == len(words) or (len(words) > 3 and found >= MIN_COVERAGE * len(words))
+
+
+def _sentence_around(text: str, start: int, end: int) -> tuple[int, int]:
+    """Widen [start, end) to the sentence(s) it touches (ends: . ! ? or a blank line)."""
+    left = max(text.rfind(mark, 0, start) for mark in (". ", "! ", "? ", "\n\n"))
+    right = [i for i in (text.find(mark, end) for mark in (". ", "! ", "? ", "\n\n")) if i >= 0]
+    return (left + 2 if left >= 0 else 0), (min(right) + 1 if right else len(text))
+
+
+def locate(
+    answer: str, text: str, page_of=None, threshold: float = THRESHOLD, query: str = ""
+) -> tuple[Location | None, float]:
+    """Where in `text` the passage quoted by `answer` is, if it holds the answer's content.
+
+    Each candidate piece of the answer is aligned to the text; a location is reported only when
+    the aligned passage contains the answer's content words (`content_words`: not the query's
+    words echoed back, so "The launch code is 18." is not located at "The launch code for …" when
+    the document says TANGO-417-ECHO). When the best alignment lacks them, the content words
+    themselves are aligned and widened to their sentence.
 
     Args:
         answer: the generated quote (any length; may carry prose or quotes around it).
         text: the document text the offsets refer to.
         page_of: optional function offset -> 1-based page (PDF) or None.
         threshold: least similarity (0-100) to report a location.
+        query: what the user asked (its words are not content).
 
     Returns:
         (location or None, best similarity found, 0-100). The location's span is trimmed of
         surrounding spaces and punctuation; on a tie the longer candidate wins.
     """
-    from rapidfuzz import fuzz
-
-    best, best_score = None, 0.0
+    aligned = []  # (score, start, end, the content words that span must hold)
     for piece in candidates(answer):
-        if len(piece) > len(text):
-            continue
-        found = fuzz.partial_ratio_alignment(piece, text)
-        if found is not None and found.score > best_score:
-            best, best_score = found, found.score
-    if best is None or best_score < threshold:
-        return None, best_score
-    start, end = best.dest_start, best.dest_end
+        found = fuzz.partial_ratio_alignment(piece, text) if len(piece) <= len(text) else None
+        if found is not None:
+            aligned.append((found.score, found.dest_start, found.dest_end, content_words(piece, query)))
+    best_score = max((a[0] for a in aligned), default=0.0)
+    spans = sorted((a for a in aligned if a[0] >= threshold and a[3]), key=lambda a: a[0], reverse=True)
+    words = content_words(answer, query)
+    joined = " ".join(words)
+    if len(joined) >= MIN_CHARS:  # shorter content ("18", "yes") matches somewhere in any long text
+        found = fuzz.partial_ratio_alignment(joined, text, processor=str.lower)
+        if found is not None and found.score >= threshold:
+            spans.append((found.score, *_sentence_around(text, found.dest_start, found.dest_end), words))
+    for score, start, end, needed in spans:
+        if covers(text[start:end], needed):
+            return _location(text, start, end, score, page_of), score
+    return None, best_score
+
+
+def _location(text: str, start: int, end: int, score: float, page_of) -> Location:
+    """The Location of text[start:end], trimmed of spaces and punctuation at both ends."""
     while start < end and text[start] in _EDGE:
         start += 1
     while end > start and text[end - 1] in _EDGE:
         end -= 1
     percent = 100.0 * start / len(text) if text else 0.0
     page = page_of(start) if page_of is not None else None
-    return Location(start, end, percent, page, best_score, text[start:end]), best_score
+    return Location(start, end, percent, page, score, text[start:end])

@@ -8,6 +8,16 @@ from dataclasses import asdict, dataclass
 from cake_cli import __version__
 
 
+def human_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB' (binary units)."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
 @dataclass(frozen=True)
 class LayerResult:
     """One layer after prefill (spec §1-§2)."""
@@ -47,12 +57,12 @@ class PrefillSummary:
     prompt_tokens: int
     document_tokens: int
     original_document_tokens: int
-    budget: int  # B, tokens per layer on average incl. window
-    window: int
-    tau1: float
-    tau2: float
-    tau_rule: str
-    gamma: float
+    budget: int | None  # B, tokens per layer on average incl. window (None: --method full)
+    window: int | None  # w, tokens (None: --method full, nothing is scored)
+    tau1: float | None  # temperatures and gamma as used (None: --method full)
+    tau2: float | None
+    tau_rule: str  # how the taus were chosen ("" for --method full)
+    gamma: float | None
     evicted: bool  # False when the prompt fits the budget (no layer is cut)
     layers: tuple[LayerResult, ...]
     kv_bytes_full: int
@@ -85,8 +95,8 @@ class RunResult(PrefillSummary):
     answer: str
     decode_policy: str
     method: str
-    allocation: str
-    indicator: str
+    allocation: str | None  # None: --method full
+    indicator: str | None
     kv_bytes_final: int
     decode_seconds: float
     decode_steps: int
@@ -142,7 +152,7 @@ class InspectResult(PrefillSummary):
 
     document: str  # the path as given, "<stdin>", or the packaged sample's path
     template: str  # the task template whose prompt was prefilled
-    evictable_total: int  # (B - w) · L: what the budgets B_l share
+    evictable_total: int | None  # (B - w) · L: what the budgets B_l share (None: --method full)
     warnings: tuple[str, ...] = ()
 
     @property

@@ -17,28 +17,18 @@ import string
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from cake_cli.errors import CakeError, UsageError
 
 SCHEMA_VERSION = 1
-_KEYS = {
-    "version",
-    "task",
-    "description",
-    "system",
-    "user",
-    "max_new_tokens",
-    "no_repeat_ngram_size",
-    "fields",
-    "chat",
-    "output",
-    "locate",
-}
-_REQUIRED_KEYS = {"version", "task", "user", "max_new_tokens"}
 TRUNCATE_MODES = ("middle", "error")
-OUTPUT_KINDS = ("text", "code")
+OutputKind = Literal["text", "code"]
+OUTPUT_KINDS = get_args(OutputKind)
 
 
 @dataclass(frozen=True)
@@ -75,8 +65,79 @@ def template_dir() -> Path:
     return Path(str(resources.files("cake_cli.tasks") / "data" / "templates"))
 
 
+class _TemplateFile(BaseModel):
+    """A template file as written: strict types, no unknown keys (messages: `_template_problem`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    version: int
+    task: str
+    description: str = ""
+    system: str | None = None
+    user: str
+    max_new_tokens: Annotated[int, Field(gt=0)]
+    no_repeat_ngram_size: Annotated[int, Field(ge=0)] = 0
+    fields: list[str] | None = None
+    chat: bool = True
+    output: OutputKind = "text"
+    locate: bool = False
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, v: Any) -> Any:
+        if isinstance(v, bool) or v != SCHEMA_VERSION:
+            raise PydanticCustomError("cake_version", f"has version {v}, expected {SCHEMA_VERSION}")
+        return v
+
+    @field_validator("fields", mode="before")
+    @classmethod
+    def _fields(cls, v: Any) -> Any:
+        if v is not None and (not isinstance(v, list) or not all(isinstance(f, str) and f.isidentifier() for f in v)):
+            raise PydanticCustomError("cake", "'fields' must be a list of names")
+        return v
+
+    @model_validator(mode="after")
+    def _placeholders(self) -> _TemplateFile:
+        fields = self.fields or []
+        names = {name for _, name, _, _ in string.Formatter().parse(self.user) if name is not None}
+        if "document" not in names or names - {"document", *fields}:
+            raise PydanticCustomError(
+                "cake", f"'user' must use {{document}} and only the declared fields {fields} (found {sorted(names)})"
+            )
+        return self
+
+
+_TEMPLATE_MESSAGES = {  # field -> the problem, for pydantic's type and value errors
+    "user": "'user' must be text",
+    "chat": "'chat' must be true or false",
+    "locate": "'locate' must be true or false",
+    "output": f"'output' must be one of {', '.join(OUTPUT_KINDS)}",
+    "max_new_tokens": "'max_new_tokens' must be a positive integer",
+    "no_repeat_ngram_size": "'no_repeat_ngram_size' must be a non-negative integer",
+}
+
+
+def _template_problem(exc: ValidationError, name: str) -> CakeError:
+    """One line for pydantic's first error: version, then unknown or missing keys, then the rest."""
+    errors = exc.errors()
+    first = min(
+        errors, key=lambda e: 0 if e["loc"] == ("version",) else 1 if e["type"] in ("extra_forbidden", "missing") else 2
+    )
+    if first["type"] in ("extra_forbidden", "missing"):
+        allowed = ", ".join(sorted(_TemplateFile.model_fields))
+        return CakeError(f"template {name} has unknown or missing keys", f"allowed keys: {allowed}")
+    if first["type"] == "cake_version":
+        return CakeError(f"template {name} {first['msg']}")
+    if first["type"] == "cake":
+        return CakeError(f"template {name}: {first['msg']}")
+    field = str(first["loc"][0]) if first["loc"] else ""
+    return CakeError(f"template {name}: {_TEMPLATE_MESSAGES.get(field, f'{field!r} must be text')}")
+
+
 def load_template(task: str) -> Template:
     """Load and validate `templates/<task>.yaml` (strict: unknown keys, wrong types are errors).
+
+    Read with `yaml.safe_load` (nothing in it runs) and validated by a pydantic model
+    (`extra="forbid"`, strict types: `chat: maybe` or `max_new_tokens: "64"` are errors).
 
     Raises:
         CakeError: missing file, bad YAML, unknown or missing keys, wrong version or types, or
@@ -89,40 +150,24 @@ def load_template(task: str) -> Template:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise CakeError(f"template {path.name} is not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict) or set(data) - _KEYS or _REQUIRED_KEYS - set(data):
-        raise CakeError(
-            f"template {path.name} has unknown or missing keys", f"allowed keys: {', '.join(sorted(_KEYS))}"
-        )
-    if data["version"] != SCHEMA_VERSION:
-        raise CakeError(f"template {path.name} has version {data['version']}, expected {SCHEMA_VERSION}")
-
-    def bad(problem: str) -> CakeError:
-        return CakeError(f"template {path.name}: {problem}")
-
-    fields = data.get("fields") or []
-    if not isinstance(fields, list) or not all(isinstance(f, str) and f.isidentifier() for f in fields):
-        raise bad("'fields' must be a list of names")
-    for key in ("chat", "locate"):
-        if not isinstance(data.get(key, False), bool):
-            raise bad(f"'{key}' must be true or false")
-    if data.get("output", "text") not in OUTPUT_KINDS:
-        raise bad(f"'output' must be one of {', '.join(OUTPUT_KINDS)}")
-    if not isinstance(data["user"], str):
-        raise bad("'user' must be text")
-    names = {name for _, name, _, _ in string.Formatter().parse(data["user"]) if name is not None}
-    if "document" not in names or names - {"document", *fields}:
-        raise bad(f"'user' must use {{document}} and only the declared fields {fields} (found {sorted(names)})")
+    if not isinstance(data, dict):
+        allowed = ", ".join(sorted(_TemplateFile.model_fields))
+        raise CakeError(f"template {path.name} has unknown or missing keys", f"allowed keys: {allowed}")
+    try:
+        spec = _TemplateFile.model_validate(data)
+    except ValidationError as exc:
+        raise _template_problem(exc, path.name) from None
     return Template(
-        task=data["task"],
-        description=data.get("description", ""),
-        system=data.get("system"),
-        user=data["user"],
-        max_new_tokens=int(data["max_new_tokens"]),
-        no_repeat_ngram_size=int(data.get("no_repeat_ngram_size", 0)),
-        fields=tuple(fields),
-        chat=data.get("chat", True),
-        output=data.get("output", "text"),
-        locate=data.get("locate", False),
+        task=spec.task,
+        description=spec.description,
+        system=spec.system,
+        user=spec.user,
+        max_new_tokens=spec.max_new_tokens,
+        no_repeat_ngram_size=spec.no_repeat_ngram_size,
+        fields=tuple(spec.fields or ()),
+        chat=spec.chat,
+        output=spec.output,
+        locate=spec.locate,
     )
 
 

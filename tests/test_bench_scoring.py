@@ -98,3 +98,18 @@ def test_weights_follow_needlebench_and_renormalise():
     assert weighted_overall({"s-rt": 1.0, "m-rt": 0.0, "m-rs": 0.0}, NEEDLE_WEIGHTS) == pytest.approx(0.4)
     with pytest.raises(ValueError):
         weighted_overall({"other": 1.0})
+
+
+def test_exact_answer_needs_the_whole_fact():
+    from cake_cli.bench.scoring import exact_answer
+
+    ref = ("The secret passcode of the Barowick vault is 12345.",)
+    assert exact_answer("s-rt", "The passcode is 12345.", ref, ("12345",)) == 1.0
+    assert exact_answer("s-rt", "The secret passcode of the Barowick vault is 1234.", ref, ("12345",)) == 0.0
+    assert score_answer("s-rt", "The secret passcode of the Barowick vault is 1234.", ref, ("12345",)) > 0.15
+    assert exact_answer("m-rt", "12345, 222 and 333", ref * 3, ("12345", "222", "333")) == 1.0
+    assert exact_answer("m-rt", "12345 and 222", ref * 3, ("12345", "222", "333")) == 0.0
+    assert exact_answer("qa", "It was Denver Broncos.", ("Denver Broncos", "Broncos"), ()) == 1.0
+    assert exact_answer("qa", "Broncosville", ("Broncos",), ()) == 0.0  # whole words only
+    with pytest.raises(ValueError):
+        exact_answer("qa", "x", (), ())

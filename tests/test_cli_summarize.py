@@ -58,8 +58,9 @@ def test_summarize_json_schema(doc):
     assert kept == [b + 8 for b in budgets]
     assert (64 - 8) * 4 - 4 <= sum(budgets) <= (64 - 8) * 4
     # bytes are measured from the tensors: K+V, 2 KV heads, head dim 8, fp32
-    assert data["kv_bytes_kept"] == sum(kept) * 2 * 2 * 8 * 4
-    assert data["kv_bytes_full"] == data["prompt_tokens"] * 4 * 2 * 2 * 8 * 4
+    elem = {"float32": 4, "bfloat16": 2}[data["dtype"]]  # auto: bfloat16 on CPUs with native bf16
+    assert data["kv_bytes_kept"] == sum(kept) * 2 * 2 * 8 * elem
+    assert data["kv_bytes_full"] == data["prompt_tokens"] * 4 * 2 * 2 * 8 * elem
     assert data["saved_fraction"] == pytest.approx(1 - data["kv_bytes_kept"] / data["kv_bytes_full"])
     # taus interpolated log-linearly between B=32 (1.0, 1.0) and B=256 (0.5, 2.0): B=64 is 1/3 of the way
     assert data["tau1"] == pytest.approx(1.0 - 0.5 / 3) and data["tau2"] == pytest.approx(1.0 + 1.0 / 3)

@@ -22,6 +22,7 @@ from tiny import build_tiny_tokenizer, save_tiny_model
 from cake_cli.errors import CakeError, UsageError
 from cake_cli.models import checkpoints, embedded
 from cake_cli.models import gguf as conversion
+from cake_cli.models.dtypes import auto_dtype, cpu_bf16_flags
 from cake_cli.models.embedded import EMBEDDED_MODELS
 from cake_cli.models.loader import load_model
 from cake_cli.paths import cake_home
@@ -91,7 +92,7 @@ def test_load_directory(tiny_dir):
     messages = []
     lm = load_model(str(tiny_dir), progress=messages.append)
     assert lm.name == "tiny-llama" and lm.profile is None
-    assert lm.dtype == torch.float32 and lm.device == torch.device("cpu")
+    assert lm.dtype == AUTO_CPU and lm.device == torch.device("cpu")
     assert not lm.model.training and lm.load_seconds > 0
     assert lm.model.config.num_key_value_heads == 2
     assert logits(lm).shape[-1] == lm.model.config.vocab_size
@@ -160,12 +161,32 @@ def test_load_through_a_test_profile(tiny_dir, tmp_path, monkeypatch):
     assert lm.profile.name == "tiny" and lm.profile.window == 8
 
 
+AUTO_CPU = torch.bfloat16 if cpu_bf16_flags() else torch.float32  # --dtype auto on this CPU
+
+
 @pytest.mark.parametrize(
-    "dtype, expected", [("bfloat16", torch.bfloat16), ("fp16", torch.float16), ("auto", torch.float32)]
+    "dtype, expected",
+    [("bfloat16", torch.bfloat16), ("fp16", torch.float16), ("float32", torch.float32), ("auto", AUTO_CPU)],
 )
 def test_dtype(tiny_dir, dtype, expected):
     lm = load_model(str(tiny_dir), dtype=dtype)
     assert lm.dtype == expected and lm.model.dtype == expected
+    assert lm.dtype_reason.startswith("auto: ") == (dtype == "auto")
+
+
+def test_auto_dtype_reads_the_cpu_flags(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile\n")
+    assert cpu_bf16_flags(cpuinfo) == ["avx512_bf16"]
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f\n")
+    assert cpu_bf16_flags(cpuinfo) == [] and cpu_bf16_flags(tmp_path / "missing") == []
+    assert auto_dtype(False, "float16", False, ["amx_bf16"])[0] == "bfloat16"
+    assert auto_dtype(False, "float16", False, []) == (
+        "float32",
+        "auto: the CPU has no native bfloat16 (AVX512-BF16 or AMX)",
+    )
+    assert auto_dtype(True, "float16", True, [])[0] == "float16"  # CUDA: the profile's
+    assert auto_dtype(True, None, False, [])[0] == "float16"
 
 
 def test_invalid_dtype_is_a_usage_error(tiny_dir):
@@ -357,7 +378,7 @@ def test_embedded_conversion_round_trip(converted, monkeypatch):
     config = json.loads((ckpt / "config.json").read_text())
     assert "quantization_config" not in config and config["tie_word_embeddings"] is True
     assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
-    assert lm.name == "smollm2 (SmolLM2-135M-Instruct)" and lm.dtype == torch.float32
+    assert lm.name == "smollm2 (SmolLM2-135M-Instruct)" and lm.dtype == AUTO_CPU
 
     text = "The capital of France is Paris. The capital of Italy is"
     assert lm.tokenizer(text).input_ids == gguf_tok(text).input_ids

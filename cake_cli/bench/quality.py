@@ -18,7 +18,7 @@ import torch
 
 from cake_cli.bench.datasets import haystack_text, make_qa_case, qa_item
 from cake_cli.bench.needles import make_needle_case, needle_facts
-from cake_cli.bench.scoring import score_answer
+from cake_cli.bench.scoring import exact_answer, score_answer
 from cake_cli.bench.splits import Case, case_id
 from cake_cli.bench.suites import TEMPLATES, CaseResult, Suite, Variant, result_key
 from cake_cli.engine.allocation import ALLOCATIONS
@@ -164,6 +164,7 @@ def run_grid(
                     prompt_tokens=len(ids_list),
                     depth=depth,
                     score=round(score_answer(task, text, case.references, case.keywords), 6),
+                    exact=exact_answer(task, text, case.references, case.keywords),
                     prediction=text,
                     tau1=config.tau1 if uses_taus(config) else None,
                     tau2=config.tau2 if uses_taus(config) else None,

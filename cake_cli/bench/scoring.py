@@ -111,6 +111,27 @@ def score_answer(task: str, prediction: str, references: Sequence[str], keywords
     return multi_needle_score(prediction, references, keywords)
 
 
+def exact_answer(task: str, prediction: str, references: Sequence[str], keywords: Sequence[str]) -> float:
+    """1.0 when the answer holds the whole fact, else 0.0: every needle keyword (case-insensitive)
+    for the needle tasks; a gold answer's normalised text inside the normalised prediction for "qa".
+
+    NeedleBench's score gives a wrong answer partial credit (0.2 x Levenshtein) for restating the
+    question, and the first answer token comes from the full prefill, so a method that evicted the
+    needle still starts its answer right: this strict rule tells kept facts from lucky starts.
+
+    Raises:
+        ValueError: a QA case without gold answers, or a needle case without keywords.
+    """
+    if task == "qa":
+        if not references:
+            raise ValueError("a QA case needs at least one gold answer")
+        pred = f" {normalize_answer(prediction)} "
+        return float(any(f" {normalize_answer(a)} " in pred for a in references if normalize_answer(a)))
+    if not keywords:
+        raise ValueError("a needle case needs its keywords")
+    return float(all(k.lower() in prediction.lower() for k in keywords))
+
+
 def weighted_overall(task_scores: Mapping[str, float], weights: Mapping[str, float] = TASK_WEIGHTS) -> float:
     """Weighted mean of per-task scores, the weights renormalised over the tasks present.
 

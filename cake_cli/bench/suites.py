@@ -102,7 +102,7 @@ def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
 
 @dataclass(frozen=True)
 class CaseResult:
-    """One answer: a (case, length, method, budget) cell. Times in seconds; score in [0, 1]."""
+    """One answer: a (case, length, method, budget) cell. Times in seconds; scores in [0, 1]."""
 
     task: str
     case_id: str
@@ -112,13 +112,14 @@ class CaseResult:
     budget: int | None  # None for "full"
     prompt_tokens: int
     depth: float
-    score: float
+    score: float  # NeedleBench's rule (needle tasks) or token F1 (qa), `scoring.score_answer`
     prediction: str
     tau1: float | None
     tau2: float | None
     seconds: float  # replay + decode
     record_seconds: float  # the shared full prefill of this case
     source: str
+    exact: float | None = None  # 1.0 / 0.0 by `scoring.exact_answer` (None in files from before it)
 
     @property
     def key(self) -> tuple:

@@ -47,7 +47,7 @@ def _row(t: Table, key: str, *parts: str | Text) -> None:
 
 def _settings_rows(t: Table, r: PrefillSummary, method: str | None) -> None:
     """The model, prompt, budget and taus rows (fields both result types have)."""
-    _row(t, "model", f"{r.model} · {r.device} · {r.dtype} · attention {r.attention}")
+    _row(t, "model", f"{r.model} · {r.device} · {r.dtype} ({r.dtype_reason}) · attention {r.attention}")
     prompt = f"{r.prompt_tokens} tokens · {r.document_tokens} of them the document"
     if r.document_tokens < r.original_document_tokens:
         prompt += f", middle-truncated from {r.original_document_tokens}"

@@ -26,22 +26,15 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from cake_cli.errors import CakeError, UsageError, first_line
+from cake_cli.errors import CakeError, first_line
 from cake_cli.models import gguf
 from cake_cli.models.checkpoints import embedded_of_dir
+from cake_cli.models.dtypes import auto_dtype, check_dtype, cpu_bf16_flags
 from cake_cli.models.embedded import EMBEDDED_MODELS, match_gguf
 from cake_cli.models.profiles import Profile, check_model_spec, embedded_profile, model_spec
 from cake_cli.models.support import check_architecture, check_loaded
 from cake_cli.paths import models_dir
 
-DTYPE_NAMES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float16": "float16",
-    "fp16": "float16",
-}
 Progress = Callable[[str], None] | None
 
 
@@ -56,6 +49,7 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device  # device of the input embeddings
     load_seconds: float  # wall-clock seconds, including a one-time GGUF conversion
+    dtype_reason: str = "asked for (--dtype)"  # why this dtype (`dtypes.auto_dtype`), for the report
 
 
 @dataclass(frozen=True)
@@ -84,8 +78,9 @@ def load_model(
             Hugging Face cache. None: ``$CAKE_MODEL``, else ``DEFAULT_MODEL`` (the embedded
             Qwen2.5-Coder-0.5B-Instruct, converted once from its GGUF into ``models_dir()``).
             An embedded model's GGUF or converted folder given as a path gets its profile.
-        dtype: ``auto`` (float32 on CPU; on CUDA the profile's dtype, else bfloat16), or
-            ``float32`` / ``bfloat16`` / ``float16`` (also ``fp32`` / ``bf16`` / ``fp16``).
+        dtype: ``auto`` (`dtypes.auto_dtype`: on CPU bfloat16 where the processor has native bf16,
+            else float32; on CUDA the profile's dtype, else bfloat16), or ``float32`` /
+            ``bfloat16`` / ``float16`` (also ``fp32`` / ``bf16`` / ``fp16``).
         device_map: None (the first CUDA device if available, else CPU), or passed through to
             ``from_pretrained`` (e.g. ``auto`` to spread a model over several GPUs, ``cpu``).
         attn_implementation: passed to ``from_pretrained`` (``sdpa``, ``eager``, …).
@@ -100,16 +95,13 @@ def load_model(
             room for a conversion.
     """
     t0 = time.perf_counter()
-    dtype_name = _check_dtype(dtype)
+    dtype_name, reason = check_dtype(dtype), "asked for (--dtype)"
     source = resolve_model(model_spec(spec), progress)
     on_cuda = torch.cuda.is_available() and device_map != "cpu"
     if dtype_name is None:  # auto
-        if not on_cuda:
-            dtype_name = "float32"
-        elif source.profile is not None:
-            dtype_name = source.profile.dtype
-        else:
-            dtype_name = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        cuda_bf16 = on_cuda and torch.cuda.is_bf16_supported()
+        profile_dtype = source.profile.dtype if source.profile else None
+        dtype_name, reason = auto_dtype(on_cuda, profile_dtype, cuda_bf16, [] if on_cuda else cpu_bf16_flags())
     if device_map is None and on_cuda:
         device_map = "cuda"
     if progress:
@@ -123,6 +115,7 @@ def load_model(
         dtype=model.dtype,
         device=model.get_input_embeddings().weight.device,
         load_seconds=time.perf_counter() - t0,
+        dtype_reason=reason,
     )
 
 
@@ -250,16 +243,6 @@ def _checked_dir(d: Path, name: str, profile: Profile | None, fix: str | None = 
                 hint=fix or "download or convert the model again",
             ) from e
     return ModelSource(d, name, profile)
-
-
-def _check_dtype(dtype: str) -> str | None:
-    """The canonical dtype name, or None for ``auto``. Raises UsageError when unknown."""
-    key = str(dtype).strip().lower()
-    if key == "auto":
-        return None
-    if key not in DTYPE_NAMES:
-        raise UsageError(f"unknown dtype {dtype!r}", hint="use auto, float32, bfloat16 or float16")
-    return DTYPE_NAMES[key]
 
 
 def _load_dir(d: Path, dtype: torch.dtype, device_map, attn_implementation: str):

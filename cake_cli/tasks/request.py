@@ -15,6 +15,7 @@ from pathlib import Path
 from cake_cli.engine.config import CakeConfig, ConfigError, SamplingConfig
 from cake_cli.engine.methods import FULL, resolve
 from cake_cli.errors import UsageError
+from cake_cli.models.dtypes import check_dtype
 from cake_cli.models.profiles import Profile, check_model_spec
 from cake_cli.tasks.code import DEFAULT_LINES, check_at_line, check_lines, context_before, max_new_tokens_for
 from cake_cli.tasks.documents import Document, load_document
@@ -23,7 +24,6 @@ from cake_cli.tasks.templates import Template, check_inputs, load_template
 DEFAULT_WINDOW, DEFAULT_GAMMA, DEFAULT_POOL = 32, 200.0, ("avg", 5)  # the CAKE authors' defaults (spec §5)
 INSPECT_TEMPLATE = "summarize"  # whose prompt `cake inspect-layers` prefills: the window holds its instruction
 SAMPLE_NAME = "gull-rock.txt"  # packaged sample document (an original short story, ~1,600 tokens)
-DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 ATTENTIONS = ("auto", "sdpa", "eager", "flash_attention_2")
 
 
@@ -146,8 +146,7 @@ def check_request(request: TaskRequest) -> None:
     Raises:
         UsageError: unknown dtype or attention backend, --max-new-tokens, --lines or --at out of range.
     """
-    if request.dtype.strip().lower() not in DTYPES:
-        raise UsageError(f"unknown dtype '{request.dtype}'", "use auto, float32, bfloat16 or float16")
+    check_dtype(request.dtype)
     if request.attention not in ATTENTIONS:
         raise UsageError(f"unknown attention backend '{request.attention}'", f"choose one of {', '.join(ATTENTIONS)}")
     if request.max_new_tokens is not None and request.max_new_tokens < 1:

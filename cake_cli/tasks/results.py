@@ -53,6 +53,7 @@ class PrefillSummary:
     model: str
     device: str
     dtype: str
+    dtype_reason: str  # why this dtype (`models.dtypes.auto_dtype`, or "asked for")
     attention: str
     prompt_tokens: int
     document_tokens: int

@@ -135,6 +135,7 @@ def summary_fields(prep: Prepared, result) -> dict:
         model=loaded.name,
         device=str(loaded.device),
         dtype=str(loaded.dtype).replace("torch.", ""),
+        dtype_reason=loaded.dtype_reason,
         attention=prep.backend,
         prompt_tokens=len(prompt.input_ids),
         document_tokens=prompt.document_tokens,

@@ -12,10 +12,10 @@ import torch
 from cake_cli.engine.generate import generate
 from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.results import InspectResult
-from cake_cli.tasks.runner import prepare, summary_fields
+from cake_cli.tasks.runner import ReadyModel, prepare, summary_fields
 
 
-def inspect_layers(plan: Plan, callbacks: Callbacks | None = None) -> InspectResult:
+def inspect_layers(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel | None = None) -> InspectResult:
     """Prefill the plan's document with CAKE and return the per-layer statistics and budgets.
 
     Args:
@@ -31,7 +31,7 @@ def inspect_layers(plan: Plan, callbacks: Callbacks | None = None) -> InspectRes
         CakeError: bad document, model or options (one line with a hint).
     """
     cb = callbacks or Callbacks()
-    prep = prepare(plan, cb)
+    prep = prepare(plan, cb, model)
     loaded = prep.loaded
     num_layers = loaded.model.config.num_hidden_layers
     input_ids = torch.tensor([prep.prompt.input_ids], device=loaded.device)  # [1, n]

@@ -21,7 +21,7 @@ from cake_cli.models.loader import LoadedModel, load_model
 from cake_cli.tasks.code import DEFAULT_LINES, CodeFilter, filter_code
 from cake_cli.tasks.documents import page_of_offset
 from cake_cli.tasks.locate import THRESHOLD, content_words, locate, missing_words
-from cake_cli.tasks.request import Callbacks, Plan
+from cake_cli.tasks.request import Callbacks, Plan, TaskRequest
 from cake_cli.tasks.results import Location, RunResult, layer_results
 from cake_cli.tasks.templates import Prompt, build_prompt
 
@@ -45,13 +45,21 @@ def prompt_limit(loaded: LoadedModel, reserve: int) -> int:
     return min(loaded.profile.max_prompt_tokens, positions) if loaded.profile else positions
 
 
-def load_for(plan: Plan, cb: Callbacks, warnings: list[str]) -> tuple[LoadedModel, str]:
-    """Load the plan's model and switch it to CAKE attention; returns (loaded model, backend).
+@dataclass(frozen=True)
+class ReadyModel:
+    """A loaded model switched to CAKE attention: load it once, run many plans on it (chat, batch)."""
+
+    loaded: LoadedModel
+    backend: str  # attention backend in use
+
+
+def ready_model(request: TaskRequest, cb: Callbacks | None = None) -> ReadyModel:
+    """Load the request's model (`--model`, `--dtype`, `--device-map`) and switch it to CAKE attention.
 
     Raises:
         CakeError: the model cannot be loaded, or its family is not handled by the engine.
     """
-    request = plan.request
+    cb = cb or Callbacks()
     loaded = load_model(request.model, dtype=request.dtype, device_map=request.device_map, progress=cb.on_status)
     backend = default_backend(loaded.device) if request.attention == "auto" else request.attention
     try:
@@ -60,23 +68,25 @@ def load_for(plan: Plan, cb: Callbacks, warnings: list[str]) -> tuple[LoadedMode
         raise CakeError(str(exc), "use a Llama, Mistral or Qwen2 model, e.g. --model smollm2") from None
     except ValueError as exc:
         raise CakeError(str(exc), "use --attention sdpa or eager") from None
+    return ReadyModel(loaded, backend)
+
+
+def prepare(plan: Plan, cb: Callbacks, model: ReadyModel | None = None) -> Prepared:
+    """Load the model (unless `model` is given, already loaded for the same request) and build the
+    prompt (middle-truncated to the model's limit unless --truncate error).
+
+    Raises:
+        CakeError: see `ready_model` and `templates.build_prompt`.
+    """
+    warnings = list(plan.warnings)
+    model = model or ready_model(plan.request, cb)
+    loaded, backend = model.loaded, model.backend
     if loaded.profile is None and plan.evicts:
         cb.warn(
             warnings,
             f"no profile for {loaded.name}: using tau1 = tau2 = 1.0, window 32, gamma 200 "
             "(the CAKE authors' fallback); add a profile with tuned taus for better allocation",
         )
-    return loaded, backend
-
-
-def prepare(plan: Plan, cb: Callbacks) -> Prepared:
-    """Load the model and build the prompt (middle-truncated to the model's limit unless --truncate error).
-
-    Raises:
-        CakeError: see `load_for` and `templates.build_prompt`.
-    """
-    warnings = list(plan.warnings)
-    loaded, backend = load_for(plan, cb, warnings)
     request = plan.request
     limit = prompt_limit(loaded, plan.max_new_tokens)
     prompt = build_prompt(
@@ -152,17 +162,18 @@ def summary_fields(prep: Prepared, result) -> dict:
     )
 
 
-def run_task(plan: Plan, callbacks: Callbacks | None = None) -> RunResult:
+def run_task(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel | None = None) -> RunResult:
     """Run one checked task with CAKE and return what it produced and measured.
 
     Code answers (template `output: code`) are cleaned to code only (`tasks.code`); needle
-    answers (template `locate: true`) are located in the document (`tasks.locate`).
+    answers (template `locate: true`) are located in the document (`tasks.locate`). `model`: a
+    `ready_model` of the same request, to run many plans on one loaded model.
 
     Raises:
         CakeError: the model, the prompt, or non-finite values in a low-precision dtype.
     """
     cb = callbacks or Callbacks()
-    prep = prepare(plan, cb)
+    prep = prepare(plan, cb, model)
     request, template = plan.request, plan.template
     lines = request.max_lines or DEFAULT_LINES
     code = CodeFilter(lines) if template.output == "code" else None

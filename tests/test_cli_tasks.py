@@ -44,19 +44,19 @@ def forced(monkeypatch, tiny_profile_dir):
     """`forced(text)`: from now on the engine generates exactly `text` (teacher forcing)."""
     from transformers import AutoTokenizer
 
-    from cake_cli.tasks import runner as engine  # the runner's reference to engine.generate.generate
+    from cake_cli.tasks import runner as engine  # the runner's reference to engine.generate.decode
 
-    real = engine.generate
+    real = engine.decode
     tokenizer = AutoTokenizer.from_pretrained(tiny_profile_dir.parent / "model")
 
     def use(text: str) -> None:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
 
-        def generate(*args, **kwargs):
+        def decode(*args, **kwargs):
             kwargs["max_new_tokens"] = len(ids)
             return real(*args, forced_tokens=ids, **kwargs)
 
-        monkeypatch.setattr(engine, "generate", generate)
+        monkeypatch.setattr(engine, "decode", decode)
 
     return use
 

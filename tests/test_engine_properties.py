@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.cache import NonFiniteError
-from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.config import CakeConfig, SamplingConfig
 from cake_cli.engine.generate import generate, prefill
 from cake_cli.engine.indicators import variance_rows
 from cake_cli.engine.preference import dispersion, log_preference, shift
-from cake_cli.engine.sampling import repeated_tail
+from cake_cli.engine.sampling import AnswerNGrams, Sampler, repeated_tail
 from cake_cli.engine.window import window_attention
 from tests.conftest import tiny_llama
 from tests.reference import MaskedReference
@@ -161,3 +161,31 @@ def test_generation_stops_on_a_loop_with_its_reason(tiny_model):
     assert looped.stop_reason == "repetition" and list(looped.token_ids) == forced[:11]
     plain = generate(tiny_model, ids, None, max_new_tokens=len(forced), forced_tokens=forced)
     assert plain.stop_reason == "max_new_tokens" and list(plain.token_ids) == forced
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.lists(st.integers(0, 5), max_size=40), n=st.integers(1, 4))
+def test_answer_ngram_blocking_equals_transformers_on_the_answer(tokens, n):
+    """Oracle: transformers' NoRepeatNGramLogitsProcessor run on the answer's tokens alone."""
+    from transformers.generation.logits_process import NoRepeatNGramLogitsProcessor
+
+    blocker = AnswerNGrams(n)
+    for t in tokens:
+        blocker.add(t)
+    scores = NoRepeatNGramLogitsProcessor(n)(torch.tensor([tokens], dtype=torch.long), torch.zeros(1, 6))
+    assert blocker.banned() == sorted(torch.nonzero(scores[0] == float("-inf")).flatten().tolist())
+
+
+def test_ngram_blocking_lets_the_answer_quote_the_prompt(tiny_model):
+    use_cake_attention(tiny_model, "sdpa")
+    ids = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(5))
+    quote = ids[0, 10:20].tolist()  # ten prompt tokens, fed as the answer
+    result = generate(tiny_model, ids, None, max_new_tokens=10, forced_tokens=quote,
+                      sampling=SamplingConfig(no_repeat_ngram_size=2))  # fmt: skip
+    assert list(result.token_ids) == quote and result.sampling_seconds >= 0
+    sampler = Sampler(SamplingConfig(no_repeat_ngram_size=2))
+    for t in (4, 7, 4):
+        sampler.record(t)
+    logits = torch.zeros(1, 97)
+    logits[0, 7] = 5.0  # greedy would pick 7 and repeat the bigram (4, 7)
+    assert sampler(logits) != 7

@@ -143,6 +143,16 @@ Truncate = Annotated[
         help="middle: keep the head and tail of a too-long document (with a warning); error: refuse.",
     ),
 ]
+Threads = Annotated[
+    int | None,
+    typer.Option(
+        "--threads",
+        metavar="N",
+        show_default=False,
+        help="CPU threads for prefill and decoding (default: prefill on the cores idle now, decode on one; "
+        "the report says which).",
+    ),
+]
 Password = Annotated[
     str | None, typer.Option("--password", metavar="TEXT", show_default=False, help="Password of an encrypted PDF.")
 ]
@@ -230,6 +240,7 @@ class PrefillOptions:
     dtype: Dtype = "auto"
     attention: Attention = "auto"
     device_map: DeviceMap = None
+    threads: Threads = None
     truncate: Truncate = "middle"
     password: Password = None
     json_out: TaskJson = False

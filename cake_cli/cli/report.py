@@ -95,6 +95,10 @@ def _time_text(r: PrefillSummary) -> str:
     return f"load {r.load_seconds:.1f} s · prefill {r.prefill_seconds:.2f} s{scoring}"
 
 
+def _threads_text(r: PrefillSummary) -> str:
+    return f"prefill {r.prefill_threads}, decode {r.decode_threads} ({r.threads_reason})"
+
+
 def summary_table(r: RunResult) -> Table:
     """The run report's rows: settings, KV memory, times, output (and the needle's location)."""
     t = _grid()
@@ -104,6 +108,7 @@ def summary_table(r: RunResult) -> Table:
         _row(t, "decoding", f"decode policy {r.decode_policy}")
     _kv_row(t, r, r.kv_bytes_final)
     _row(t, "time", f"{_time_text(r)} · decode {r.decode_tokens_per_second:.1f} tok/s over {r.decode_steps} steps")
+    _row(t, "threads", _threads_text(r))
     _row(t, "output", f"{r.generated_tokens} tokens, stopped by {STOPS.get(r.stop_reason, r.stop_reason)}")
     if r.task == "needle":
         t.add_row("location", location_text(r.location))
@@ -167,6 +172,7 @@ def inspect_summary(r: InspectResult) -> Table:
         _row(t, "budgets", Text("the prompt fits the budget: nothing evicted, every layer keeps all tokens", "yellow"))
     _kv_row(t, r, None)
     _row(t, "time", _time_text(r))
+    _row(t, "threads", _threads_text(r))
     return t
 
 

@@ -42,6 +42,7 @@ class GenerationResult:
     decode_steps: int
     eviction_seconds: float  # scoring + eviction, prefill and decode
     stop_reason: str  # "eos" | "max_new_tokens" | "max_positions" | "repetition"
+    sampling_seconds: float = 0.0  # choosing tokens from the logits, n-gram blocking included
     first_logits: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -195,7 +196,7 @@ def decode(
 
     Args:
         model: the model that filled `state`.
-        input_ids: [1, n] the prompt (history for sampling processors).
+        input_ids: [1, n] the prompt (its length n sets the first new position).
         state: the prefilled cache and next-token logits.
         config: the CAKE settings used for `state` (None: full cache).
         max_new_tokens: most tokens to generate (>= 0).
@@ -211,27 +212,26 @@ def decode(
         GenerationResult.
     """
     cache, logits, n, device = state.cache, state.logits, input_ids.shape[1], input_ids.device
-    decode_policy = None
-    if config is not None:
-        decode_policy = (
-            FixedDecode(config, decode_capacity(config, state.cascade, state.lengths))
-            if config.decode_policy == "fixed"
-            else GrowDecode()
-        )
+    decode_policy = _decode_policy(config, state)
     cache.policy = decode_policy
     cache.tracking_peak = False
 
     sampler = Sampler(sampling)
-    history = input_ids
     tokens: list[int] = []
     stop_reason = "max_new_tokens"
-    decode_seconds, steps = 0.0, 0
+    decode_seconds, sampling_seconds, steps = 0.0, 0.0, 0
     limit = getattr(model.config, "max_position_embeddings", None) or float("inf")
     while len(tokens) < max_new_tokens:
         if n + len(tokens) >= limit:  # the next token would sit past the model's position range
             stop_reason = "max_positions"
             break
-        token = forced_tokens[len(tokens)] if forced_tokens is not None else sampler(history, logits)
+        t0 = time.perf_counter()
+        if forced_tokens is not None:
+            token = forced_tokens[len(tokens)]
+            sampler.record(token)
+        else:
+            token = sampler(logits)
+        sampling_seconds += time.perf_counter() - t0
         if token in stop_ids and forced_tokens is None:
             stop_reason = "eos"
             break
@@ -244,13 +244,29 @@ def decode(
         if len(tokens) == max_new_tokens:
             break
         ids = torch.tensor([[token]], device=device)
-        history = torch.cat([history, ids], dim=1)
         t1 = time.perf_counter()
         logits = _forward(model, cache, ids, n + len(tokens) - 1, step_logits)
         _sync(device)
         decode_seconds += time.perf_counter() - t1
         steps += 1
 
+    times = (decode_seconds, sampling_seconds, steps)
+    return _result(state, n, tokens, stop_reason, times, decode_policy)
+
+
+def _decode_policy(config: CakeConfig | None, state: Prefilled):
+    """The decode policy of `config` for a prefilled state (None: full cache, nothing evicted)."""
+    if config is None:
+        return None
+    if config.decode_policy == "fixed":
+        return FixedDecode(config, decode_capacity(config, state.cascade, state.lengths))
+    return GrowDecode()
+
+
+def _result(state: Prefilled, n: int, tokens: list[int], stop_reason: str, times: tuple, policy) -> GenerationResult:
+    """GenerationResult of a finished decode; `times` = (decode seconds, sampling seconds, steps)."""
+    decode_seconds, sampling_seconds, steps = times
+    cache = state.cache
     rows = state.rows()
     prefill_evict = state.cascade.seconds if state.cascade else 0.0
     return GenerationResult(
@@ -265,7 +281,8 @@ def decode(
         prefill_seconds=state.seconds,
         decode_seconds=decode_seconds,
         decode_steps=steps,
-        eviction_seconds=prefill_evict + (decode_policy.seconds if decode_policy else 0.0),
+        eviction_seconds=prefill_evict + (policy.seconds if policy else 0.0),
         stop_reason=stop_reason,
+        sampling_seconds=sampling_seconds,
         first_logits=state.logits.detach().float().cpu(),
     )

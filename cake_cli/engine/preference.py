@@ -14,9 +14,9 @@ def dispersion(a_ev: torch.Tensor) -> float:
         a_ev: [H, w, n - w] window attention over the evictable keys (not renormalised).
 
     Returns:
-        H_l >= 0 as a Python float (0 log 0 = 0 via xlogy).
+        H_l >= 0 as a Python float (0 log 0 = 0).
     """
-    return float(-torch.special.xlogy(a_ev, a_ev).sum(dtype=torch.float64))
+    return float(torch.special.entr(a_ev).sum(dtype=torch.float64))  # entr(x) = -x log x, entr(0) = 0
 
 
 def shift(column_var: torch.Tensor) -> float:

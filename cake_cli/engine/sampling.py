@@ -1,20 +1,45 @@
-"""Next-token choice: greedy by default, temperature / top-p sampling with a seed (transformers' warpers)."""
+"""Next-token choice: greedy by default, temperature / top-p sampling with a seed (transformers'
+warpers); n-gram blocking and loop detection over the answer's own tokens."""
 
 from __future__ import annotations
 
 import torch
-from transformers.generation.logits_process import (
-    LogitsProcessorList,
-    NoRepeatNGramLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers.generation.logits_process import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 from cake_cli.engine.config import SamplingConfig
 
 
+class AnswerNGrams:
+    """Forbids repeating any n-gram of the answer: the generated tokens only, never the prompt (so an
+    answer may quote the document). O(1) per step: a table from each (n-1)-gram of the answer to
+    the tokens that followed it.
+
+    Args:
+        n: n-gram size in tokens (>= 1).
+    """
+
+    def __init__(self, n: int):
+        self.n = n
+        self.tokens: list[int] = []
+        self.followers: dict[tuple[int, ...], set[int]] = {}
+
+    def add(self, token: int) -> None:
+        """Record a generated token."""
+        self.tokens.append(token)
+        if len(self.tokens) >= self.n:
+            prefix = tuple(self.tokens[len(self.tokens) - self.n : -1])
+            self.followers.setdefault(prefix, set()).add(token)
+
+    def banned(self) -> list[int]:
+        """Token ids that would repeat an n-gram of the answer if generated next."""
+        if len(self.tokens) < self.n - 1:
+            return []
+        prefix = tuple(self.tokens[len(self.tokens) - self.n + 1 :]) if self.n > 1 else ()
+        return sorted(self.followers.get(prefix, ()))
+
+
 class Sampler:
-    """Picks token ids from logits [1, V].
+    """Picks token ids from logits [1, V] and keeps the answer's n-gram table.
 
     `config` was validated when it was built (`SamplingConfig`).
     """
@@ -24,9 +49,7 @@ class Sampler:
         self.generator = torch.Generator()
         if config.seed is not None:
             self.generator.manual_seed(config.seed)
-        self.processors = LogitsProcessorList(
-            [NoRepeatNGramLogitsProcessor(config.no_repeat_ngram_size)] if config.no_repeat_ngram_size else []
-        )
+        self.ngrams = AnswerNGrams(config.no_repeat_ngram_size) if config.no_repeat_ngram_size else None
         warpers = []
         if config.temperature > 0:
             warpers.append(TemperatureLogitsWarper(config.temperature))
@@ -34,14 +57,26 @@ class Sampler:
                 warpers.append(TopPLogitsWarper(config.top_p))
         self.warpers = LogitsProcessorList(warpers)
 
-    def __call__(self, input_ids: torch.Tensor, logits: torch.Tensor) -> int:
-        """input_ids [1, t] so far, logits [1, V] for the next token -> token id."""
-        scores = self.processors(input_ids, logits.float()) if self.processors else logits
+    def __call__(self, logits: torch.Tensor) -> int:
+        """logits [1, V] for the next token -> token id (recorded for the n-gram blocking)."""
+        scores = logits
+        banned = self.ngrams.banned() if self.ngrams else []
+        if banned:
+            scores = logits.float().clone()
+            scores[0, banned] = float("-inf")
         if self.config.temperature == 0:
-            return int(scores.argmax(dim=-1)[0])
-        scores = self.warpers(input_ids, scores.float())
-        probs = torch.softmax(scores, dim=-1).cpu()
-        return int(torch.multinomial(probs, 1, generator=self.generator)[0, 0])
+            token = int(scores.argmax(dim=-1)[0])
+        else:
+            scores = self.warpers(None, scores.float())  # the warpers read the scores only
+            probs = torch.softmax(scores, dim=-1).cpu()
+            token = int(torch.multinomial(probs, 1, generator=self.generator)[0, 0])
+        self.record(token)
+        return token
+
+    def record(self, token: int) -> None:
+        """Add a token to the answer's history (also for tokens not chosen here, e.g. forced ones)."""
+        if self.ngrams:
+            self.ngrams.add(token)
 
 
 REPEAT_UNIT_TOKENS = 8  # longest unit a degenerate loop is looked for in

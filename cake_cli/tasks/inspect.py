@@ -7,12 +7,9 @@ share P_l / sum P, budget B_l and tokens kept are returned (spec §1-§2). No ty
 
 from __future__ import annotations
 
-import torch
-
-from cake_cli.engine.generate import generate
 from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.results import InspectResult
-from cake_cli.tasks.runner import ReadyModel, prepare, summary_fields
+from cake_cli.tasks.runner import ReadyModel, prepare, run_engine, summary_fields
 
 
 def inspect_layers(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel | None = None) -> InspectResult:
@@ -34,9 +31,7 @@ def inspect_layers(plan: Plan, callbacks: Callbacks | None = None, model: ReadyM
     prep = prepare(plan, cb, model)
     loaded = prep.loaded
     num_layers = loaded.model.config.num_hidden_layers
-    input_ids = torch.tensor([prep.prompt.input_ids], device=loaded.device)  # [1, n]
-    cb.status(f"prefill: {input_ids.shape[1]} tokens through {num_layers} layers (no generation)")
-    result = generate(loaded.model, input_ids, prep.config, max_new_tokens=0, on_layer=cb.on_layer)
+    result = run_engine(prep, cb, max_new_tokens=0)
     return InspectResult(
         **summary_fields(prep, result),
         document=plan.doc.source,

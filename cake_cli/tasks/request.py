@@ -56,6 +56,7 @@ class TaskRequest:
     indicator: str | None = None  # override the method's indicator
     at_line: int | None = None  # code completion: the context is the document up to this 1-based line
     max_lines: int | None = None  # code answers: most lines kept (None: code.DEFAULT_LINES)
+    threads: int | None = None  # torch CPU threads for prefill and decoding (None: `tasks.threads` auto)
 
 
 @dataclass
@@ -144,11 +145,16 @@ def check_request(request: TaskRequest) -> None:
     """The cheap option checks that need no profile, template or document.
 
     Raises:
-        UsageError: unknown dtype or attention backend, --max-new-tokens, --lines or --at out of range.
+        UsageError: unknown dtype or attention backend, --threads, --max-new-tokens, --lines or --at out of
+            range.
     """
     check_dtype(request.dtype)
     if request.attention not in ATTENTIONS:
         raise UsageError(f"unknown attention backend '{request.attention}'", f"choose one of {', '.join(ATTENTIONS)}")
+    if request.threads is not None and request.threads < 1:
+        raise UsageError(
+            f"--threads must be at least 1 (got {request.threads})", "leave it out to choose automatically"
+        )
     if request.max_new_tokens is not None and request.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1 (got {request.max_new_tokens})")
     if request.max_lines is not None:

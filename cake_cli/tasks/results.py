@@ -72,6 +72,9 @@ class PrefillSummary:
     load_seconds: float
     prefill_seconds: float
     eviction_seconds: float  # scoring + eviction
+    prefill_threads: int  # torch CPU threads (`tasks.threads`)
+    decode_threads: int
+    threads_reason: str
 
     @property
     def saved_fraction(self) -> float:

@@ -15,7 +15,7 @@ from cake_cli.engine.attention import default_backend, use_cake_attention
 from cake_cli.engine.cache import NonFiniteError
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.families import UnsupportedModelError
-from cake_cli.engine.generate import GenerationResult, generate
+from cake_cli.engine.generate import GenerationResult, decode, prefill
 from cake_cli.errors import CakeError
 from cake_cli.models.loader import LoadedModel, load_model
 from cake_cli.tasks.code import DEFAULT_LINES, CodeFilter, filter_code
@@ -24,6 +24,8 @@ from cake_cli.tasks.locate import THRESHOLD, content_words, locate, missing_word
 from cake_cli.tasks.request import Callbacks, Plan, TaskRequest
 from cake_cli.tasks.results import Location, RunResult, layer_results
 from cake_cli.tasks.templates import Prompt, build_prompt
+from cake_cli.tasks.threads import Threads, choose
+from cake_cli.tasks.threads import using as threads_using
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Prepared:
     config: CakeConfig | None  # the plan's; None for --method full (the engine's plain full cache)
     prompt: Prompt
     warnings: list[str]  # the plan's and the ones raised since
+    threads: Threads  # torch CPU threads for prefill and decoding
 
 
 def prompt_limit(loaded: LoadedModel, reserve: int) -> int:
@@ -101,7 +104,7 @@ def prepare(plan: Plan, cb: Callbacks, model: ReadyModel | None = None) -> Prepa
             f"the budget ({config.budget}) is not smaller than the prompt ({n} tokens): nothing is evicted "
             "(0% saved), output equals the full cache",
         )
-    return Prepared(plan, loaded, backend, config, prompt, warnings)
+    return Prepared(plan, loaded, backend, config, prompt, warnings, choose(request.threads))
 
 
 def stop_token_ids(loaded: LoadedModel) -> frozenset[int]:
@@ -159,6 +162,9 @@ def summary_fields(prep: Prepared, result) -> dict:
         load_seconds=loaded.load_seconds,
         prefill_seconds=result.prefill_seconds,
         eviction_seconds=result.eviction_seconds,
+        prefill_threads=prep.threads.prefill,
+        decode_threads=prep.threads.decode,
+        threads_reason=prep.threads.reason,
     )
 
 
@@ -220,31 +226,45 @@ def run_task(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel |
     )
 
 
+def run_engine(prep: Prepared, cb: Callbacks, max_new_tokens: int, **decode_options) -> GenerationResult:
+    """Prefill the prepared prompt (on `prep.threads.prefill` threads), then decode (on
+    `prep.threads.decode`); non-finite keys/values in a low-precision dtype become a CakeError.
+
+    Args:
+        max_new_tokens: tokens to generate (0: prefill only).
+        decode_options: `engine.generate.decode` keywords (sampling, stop_ids, on_token, …).
+    """
+    loaded = prep.loaded
+    input_ids = torch.tensor([prep.prompt.input_ids], device=loaded.device)  # [1, n]
+    what = "" if max_new_tokens else " (no generation)"
+    cb.status(f"prefill: {input_ids.shape[1]} tokens through {loaded.model.config.num_hidden_layers} layers{what}")
+    try:
+        with threads_using(prep.threads.prefill):
+            state = prefill(loaded.model, input_ids, prep.config, on_layer=cb.on_layer)
+        with threads_using(prep.threads.decode):
+            return decode(loaded.model, input_ids, state, prep.config, max_new_tokens=max_new_tokens, **decode_options)
+    except NonFiniteError as exc:
+        raise CakeError(
+            f"{exc} with --dtype {loaded.dtype}".replace("torch.", ""), "use --dtype bfloat16 or float32"
+        ) from None
+
+
 def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None) -> GenerationResult:
-    """Prefill + decode the prepared prompt, streaming tokens; non-finite values become a CakeError."""
+    """Prefill + decode the prepared prompt with the template's decoding settings, streaming tokens."""
     plan, loaded = prep.plan, prep.loaded
     ngram = plan.request.no_repeat_ngram_size
     sampling = replace(
         plan.request.sampling, no_repeat_ngram_size=plan.template.no_repeat_ngram_size if ngram is None else ngram
     )
-    input_ids = torch.tensor([prep.prompt.input_ids], device=loaded.device)  # [1, n]
-    cb.status(f"prefill: {input_ids.shape[1]} tokens through {loaded.model.config.num_hidden_layers} layers")
-    try:
-        result = generate(
-            loaded.model,
-            input_ids,
-            prep.config,
-            max_new_tokens=plan.max_new_tokens,
-            sampling=sampling,
-            stop_ids=stop_token_ids(loaded),
-            on_layer=cb.on_layer,
-            on_token=(lambda t: streamer.put(torch.tensor([t]))) if streamer else None,
-            stop_on_repetition=plan.template.output == "text",  # code may repeat a line; prose may not loop
-        )
-    except NonFiniteError as exc:
-        raise CakeError(
-            f"{exc} with --dtype {loaded.dtype}".replace("torch.", ""), "use --dtype bfloat16 or float32"
-        ) from None
+    result = run_engine(
+        prep,
+        cb,
+        plan.max_new_tokens,
+        sampling=sampling,
+        stop_ids=stop_token_ids(loaded),
+        on_token=(lambda t: streamer.put(torch.tensor([t]))) if streamer else None,
+        stop_on_repetition=plan.template.output == "text",  # code may repeat a line; prose may not loop
+    )
     if streamer:
         streamer.end()
     if result.stop_reason == "max_positions":

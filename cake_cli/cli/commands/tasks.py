@@ -60,6 +60,7 @@ def task_request(task: str, document: str, fields: dict[str, str], opts: Prefill
         dtype=opts.dtype,
         attention=opts.attention,
         device_map=opts.device_map,
+        threads=opts.threads,
         truncate=opts.truncate,
         password=opts.password,
         method=opts.method,

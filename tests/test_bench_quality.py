@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 import cake_cli.bench.quality as quality_module
 import cake_cli.cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
-from cake_cli.bench.quality_report import markdown, summarize, target_checks
+from cake_cli.bench.quality_report import summarize, target_checks
+from cake_cli.bench.quality_tables import markdown
 from cake_cli.bench.suites import parse_variants
 from cake_cli.cli.main import app
 from cake_cli.errors import UsageError
@@ -199,9 +200,12 @@ def test_parse_variants_and_target_checks():
     ]
     summary = summarize(rows, ["full", "snapkv", "cake"], [32, 64])
     assert summary.get("overall", "full", 64) == 1.0  # full shown at every budget
-    checks = target_checks(summary, at_budget=32, length=100)
-    assert checks[0].startswith("PASS B=32") and checks[1].startswith("FAIL B=64")
-    assert checks[2].startswith("PASS B=32 at 100 tokens") and "96% of full" in checks[2]
+    checks = target_checks(summary, targets=[(32, 100, 0.95)])
+    assert checks[0].startswith("PASS B=32 at all lengths") and checks[1].startswith("FAIL B=64 at all lengths")
+    assert checks[2].startswith("PASS B=32 at 100 tokens: cake") and checks[3].startswith("FAIL B=64 at 100 tokens")
+    assert "beaten by snapkv 60.0" in checks[3]
+    assert checks[4].startswith("PASS B=32 at 100 tokens: cake 96.0 vs full") and "96% of full" in checks[4]
+    assert len(checks) == 5
 
 
 def test_paired_counts_compare_the_same_cases():

@@ -19,8 +19,6 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rich.table import Table
-
 from cake_cli.bench.scoring import TASK_WEIGHTS, weighted_overall
 from cake_cli.bench.suites import result_key
 from cake_cli.errors import CakeError, UsageError
@@ -93,12 +91,14 @@ class Summary:
     cases: dict  # (task, method, budget, length | None) -> rows averaged
     paired: dict = field(default_factory=dict)  # (other method, budget) -> (wins, ties, losses) of `versus`
     versus: str = "cake"
+    metric: str = "score"  # the row field averaged ("score" or "exact")
 
     def get(self, task: str, method: str, budget: int, length: int | None = None) -> float | None:
         return self.scores.get((task, method, budget, length))
 
     def to_json(self) -> dict:
         return {
+            "metric": self.metric,
             "methods": list(self.methods),
             "budgets": list(self.budgets),
             "lengths": list(self.lengths),
@@ -122,11 +122,13 @@ class Summary:
         ]
 
 
-def paired_counts(rows: list[dict], versus: str, methods: list[str], budgets: list[int], tol: float = 1e-9) -> dict:
+def paired_counts(
+    rows: list[dict], versus: str, methods: list[str], budgets: list[int], tol: float = 1e-9, metric: str = "score"
+) -> dict:
     """{(other method, budget): (wins, ties, losses)} of `versus` over the cases (task, case_id,
     length) that both methods answered at that budget; "full" is compared at every budget. Scores
     within `tol` tie."""
-    by_key = {row_key(r): r["score"] for r in rows}
+    by_key = {row_key(r): r[metric] for r in rows}
     cases = {(r["task"], r["case_id"], r["length"]) for r in rows}
     out = {}
     for m in methods:
@@ -151,10 +153,17 @@ def paired_counts(rows: list[dict], versus: str, methods: list[str], budgets: li
 
 
 def summarize(
-    rows: list[dict], methods: list[str] | None = None, budgets: list[int] | None = None, versus: str = "cake"
+    rows: list[dict],
+    methods: list[str] | None = None,
+    budgets: list[int] | None = None,
+    versus: str = "cake",
+    metric: str = "score",
 ) -> Summary:
     """Average the rows (see the module docstring); `methods` / `budgets` fix the order shown;
-    `versus` is the method whose paired wins / ties / losses against each other method are counted."""
+    `versus` is the method whose paired wins / ties / losses against each other method are counted;
+    `metric` is the row field averaged: "score" (NeedleBench / F1) or "exact" (exact-answer
+    accuracy; rows without it are left out)."""
+    rows = [r for r in rows if r.get(metric) is not None]
     methods = methods or list(dict.fromkeys(r["method"] for r in rows))
     budgets = budgets or sorted({r["budget"] for r in rows if r["budget"] is not None})
     lengths = sorted({r["length"] for r in rows})
@@ -163,7 +172,7 @@ def summarize(
     for r in rows:
         for b in [r["budget"]] if r["budget"] is not None else budgets:
             for n in (None, r["length"]):
-                acc[(r["task"], r["method"], b, n)].append(r["score"])
+                acc[(r["task"], r["method"], b, n)].append(r[metric])
     scores = {k: sum(v) / len(v) for k, v in acc.items()}
     cases = {k: len(v) for k, v in acc.items()}
     for m in methods:
@@ -173,101 +182,62 @@ def summarize(
                 if per_task:
                     scores[("overall", m, b, n)] = weighted_overall(per_task)
                     cases[("overall", m, b, n)] = sum(cases[(t, m, b, n)] for t in per_task)
-    paired = paired_counts(rows, versus, methods, budgets) if versus in methods else {}
-    return Summary(tuple(methods), tuple(budgets), tuple(lengths), (*tasks, "overall"), scores, cases, paired, versus)
+    paired = paired_counts(rows, versus, methods, budgets, metric=metric) if versus in methods else {}
+    return Summary(
+        tuple(methods), tuple(budgets), tuple(lengths), (*tasks, "overall"), scores, cases, paired, versus, metric
+    )
 
 
-_PAIRED_HEADING = "{} vs each method on the same cases: wins-ties-losses"
+TARGETS = ((256, 8192, 0.95), (128, 8192, 0.90))  # (budget, length, share of the full cache's score)
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
-
-
-def grid(summary: Summary, task: str, length: int | None = None) -> list[list[str]]:
-    """Rows [method, score at each budget] of one task (x 100, one decimal)."""
-    return [[m, *(_fmt(summary.get(task, m, b, length)) for b in summary.budgets)] for m in summary.methods]
-
-
-def _title(task: str, length: int | None) -> str:
-    where = "all lengths" if length is None else f"{length}-token contexts"
-    return f"{TASK_TITLES.get(task, task)}, {where}"
-
-
-def _views(summary: Summary, views: list) -> list[tuple[str, str, str, list[list[str]]]]:
-    """[(heading, unit, first column, rows)]: the score grid of each (task, length) in `views`, then
-    the paired wins-ties-losses grid when there is one. One source for the rich and markdown tables."""
-    out = [(_title(task, length), " · score x 100", "method", grid(summary, task, length)) for task, length in views]
-    if summary.paired:
-        out.append((_PAIRED_HEADING.format(summary.versus), "", f"{summary.versus} vs", summary.paired_grid()))
-    return out
-
-
-def rich_tables(summary: Summary, title: str) -> list:
-    """[(heading, rich Table)]: overall and each task over all lengths, then overall per length,
-    then CAKE's paired counts."""
-    out = []
-    views = [(t, None) for t in summary.tasks] + [("overall", n) for n in summary.lengths]
-    for heading, unit, first, rows in _views(summary, views):
-        table = Table()
-        table.add_column(first)
-        for b in summary.budgets:
-            table.add_column(f"B={b}", justify="right")
-        for row in rows:
-            table.add_row(*row)
-        out.append((f"{title} · {heading}{unit}", table))
-    return out
-
-
-def markdown(summary: Summary) -> str:
-    """The views of `rich_tables` plus each task at the longest length, as GitHub markdown tables
-    (scores x 100; the paired counts last)."""
-    views = [(t, None) for t in summary.tasks] + [("overall", n) for n in summary.lengths]
-    if summary.lengths:
-        views += [(t, summary.lengths[-1]) for t in summary.tasks if t != "overall"]
-    parts = []
-    for heading, _unit, first, rows in _views(summary, views):
-        head = f"| {first} | " + " | ".join(f"B={b}" for b in summary.budgets) + " |"
-        rule = "|---|" + "---:|" * len(summary.budgets)
-        body = ["| " + " | ".join(row) + " |" for row in rows]
-        parts.append(f"**{heading}**\n\n" + "\n".join([head, rule, *body]))
-    return "\n\n".join(parts) + "\n"
-
-
-def target_checks(
-    summary: Summary, method: str = "cake", length: int | None = None, at_budget: int = 256, ratio: float = 0.95
-) -> list[str]:
-    """Plain-language checks of the targets: `method` >= every other evicting method at every
-    budget (overall), and `method` >= ratio x full at `at_budget` on `length` (default: the
-    longest length). Each line starts with PASS or FAIL."""
-    lines = []
-    if method not in summary.methods:
-        return lines
+def _beats_every_baseline(summary: Summary, method: str, budget: int, length: int | None) -> str | None:
+    """'PASS …' / 'FAIL …' for `method` >= every other evicting method at one budget and length."""
+    mine = summary.get("overall", method, budget, length)
+    if mine is None:
+        return None
     others = [m for m in summary.methods if m not in (method, "full") and "+" not in m]
-    for b in summary.budgets:
-        mine = summary.get("overall", method, b)
-        worse = [
-            f"{m} {_fmt(summary.get('overall', m, b))}"
-            for m in others
-            if mine is not None
-            and summary.get("overall", m, b) is not None
-            and summary.get("overall", m, b) > mine + 1e-12
-        ]
-        lines.append(
-            f"{'FAIL' if worse else 'PASS'} B={b}: {method} {_fmt(mine)} >= every baseline"
-            + (f" (beaten by {', '.join(worse)})" if worse else "")
-        )
-    length = length if length is not None else (max(summary.lengths) if summary.lengths else None)
-    full = summary.get("overall", "full", at_budget, length)
-    mine = summary.get("overall", method, at_budget, length)
-    if full is not None and mine is not None and at_budget in summary.budgets:
-        ok = mine >= ratio * full
+    worse = [
+        f"{m} {fmt_score(summary.get('overall', m, budget, length))}"
+        for m in others
+        if summary.get("overall", m, budget, length) is not None
+        and summary.get("overall", m, budget, length) > mine + 1e-12
+    ]
+    where = "all lengths" if length is None else f"{length} tokens"
+    return f"{'FAIL' if worse else 'PASS'} B={budget} at {where}: {method} {fmt_score(mine)} >= every baseline" + (
+        f" (beaten by {', '.join(worse)})" if worse else ""
+    )
+
+
+def target_checks(summary: Summary, method: str = "cake", targets=TARGETS) -> list[str]:
+    """Plain-language checks of the targets, each line starting with PASS or FAIL: `method` >= every
+    other evicting method at every budget, over all lengths and at each length; and `method` >=
+    share x full at each (budget, length) of `targets` present in the summary."""
+    if method not in summary.methods:
+        return []
+    lines = [
+        line
+        for length in (None, *summary.lengths)
+        for b in summary.budgets
+        if (line := _beats_every_baseline(summary, method, b, length)) is not None
+    ]
+    for at_budget, length, ratio in targets:
+        full = summary.get("overall", "full", at_budget, length)
+        mine = summary.get("overall", method, at_budget, length)
+        if full is None or mine is None:
+            continue
         share = f"{100 * mine / full:.0f}%" if full > 0 else "n/a"
+        verdict = "PASS" if mine >= ratio * full else "FAIL"
         lines.append(
-            f"{'PASS' if ok else 'FAIL'} B={at_budget} at {length} tokens: {method} {_fmt(mine)} vs full "
-            f"{_fmt(full)} ({share} of full; target {ratio:.0%})"
+            f"{verdict} B={at_budget} at {length} tokens: {method} {fmt_score(mine)} vs full {fmt_score(full)} "
+            f"({share} of full; target {ratio:.0%})"
         )
     return lines
+
+
+def fmt_score(x: float | None) -> str:
+    """A fraction as a score x 100 with one decimal ('-' for none)."""
+    return "-" if x is None else f"{100 * x:.1f}"
 
 
 def rows_as_dicts(rows) -> list[dict]:

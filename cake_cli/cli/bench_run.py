@@ -25,14 +25,14 @@ from cake_cli.bench.quality_plot import plot as draw
 from cake_cli.bench.quality_report import (
     check_resumable,
     load_results,
-    rich_tables,
     row_key,
     rows_as_dicts,
     save_results,
     summarize,
     target_checks,
 )
-from cake_cli.bench.quality_report import markdown as to_markdown
+from cake_cli.bench.quality_tables import markdown as to_markdown
+from cake_cli.bench.quality_tables import rich_tables
 from cake_cli.bench.speed import ratios, run_speed
 from cake_cli.bench.speed_report import speed_table
 from cake_cli.bench.tau_search import choose, write_profile_taus
@@ -41,6 +41,7 @@ from cake_cli.cli.progress import console, stderr_console
 from cake_cli.engine.attention import default_backend, use_cake_attention
 from cake_cli.engine.config import CakeConfig
 from cake_cli.errors import UsageError
+from cake_cli.files import write_atomic
 from cake_cli.models.loader import LoadedModel, load_model
 from cake_cli.tasks.runner import prompt_limit, stop_token_ids
 
@@ -224,7 +225,9 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
     taus = {str(b): [c.tau1, c.tau2] for b, c in setup.configs.items()}
     with threads(setup.threads):
         loaded, meta, rows = run_setup("bench quality", setup, {"taus": taus})
-    summary = summarize(rows, [v.name for v in setup.variants], list(setup.configs))
+    names, budgets = [v.name for v in setup.variants], list(setup.configs)
+    summary = summarize(rows, names, budgets)
+    exact = summarize(rows, names, budgets, metric="exact")
     checks = target_checks(summary)
     title = f"cake bench quality · {loaded.name}"
     output = setup.output
@@ -236,14 +239,16 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
     if png:
         draw(summary, png, f"{title} · {setup.suite.split} split, {len(rows)} answers")
     if markdown:
-        markdown.write_text(to_markdown(summary), encoding="utf-8")
+        write_atomic(markdown, to_markdown(summary) + "\n" + to_markdown(exact), "markdown file")
     if setup.json_out:
-        sys.stdout.write(json.dumps({"meta": meta, "summary": summary.to_json(), "checks": checks}, indent=1) + "\n")
+        payload = {"meta": meta, "summary": summary.to_json(), "exact": exact.to_json(), "checks": checks}
+        sys.stdout.write(json.dumps(payload, indent=1) + "\n")
         return
     out = console(stderr=False)
-    for heading, table in rich_tables(summary, title):
-        out.print(f"[bold]{escape(heading)}[/]")
-        out.print(table)
+    for summ in (summary, exact):
+        for heading, table in rich_tables(summ, title):
+            out.print(f"[bold]{escape(heading)}[/]")
+            out.print(table)
     for line in checks:
         out.print(line)
     if png:

@@ -153,7 +153,7 @@ def test_piped_speed_table_is_complete(cli_env):
     )
     assert result.exit_code == 0, result.stderr
     header = next(line for line in result.stdout.splitlines() if "prefill s" in line)
-    for column in ("tokens", "method", "decode tok/s", "KV kept", "evict s"):
+    for column in ("tokens", "method", "TTFT s", "decode tok/s", "KV kept", "evict s", "threads"):
         assert column in header
     assert "…" not in result.stdout
     assert (

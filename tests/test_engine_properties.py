@@ -180,8 +180,9 @@ def test_ngram_blocking_lets_the_answer_quote_the_prompt(tiny_model):
     use_cake_attention(tiny_model, "sdpa")
     ids = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(5))
     quote = ids[0, 10:20].tolist()  # ten prompt tokens, fed as the answer
-    result = generate(tiny_model, ids, None, max_new_tokens=10, forced_tokens=quote,
-                      sampling=SamplingConfig(no_repeat_ngram_size=2))  # fmt: skip
+    result = generate(
+        tiny_model, ids, None, max_new_tokens=10, forced_tokens=quote, sampling=SamplingConfig(no_repeat_ngram_size=2)
+    )
     assert list(result.token_ids) == quote and result.sampling_seconds >= 0
     sampler = Sampler(SamplingConfig(no_repeat_ngram_size=2))
     for t in (4, 7, 4):

@@ -18,7 +18,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from cake_cli.bench.corpus import python_docs_text
 from cake_cli.bench.quality import Model as QualityModel
 from cake_cli.bench.quality import count_steps, run_grid
 from cake_cli.bench.quality_plot import plot as draw
@@ -33,14 +32,10 @@ from cake_cli.bench.quality_report import (
 )
 from cake_cli.bench.quality_tables import markdown as to_markdown
 from cake_cli.bench.quality_tables import rich_tables
-from cake_cli.bench.speed import ratios, run_speed
-from cake_cli.bench.speed_report import speed_table
 from cake_cli.bench.tau_search import choose, write_profile_taus
 from cake_cli.cli.commands.bench import GridSetup
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.engine.attention import default_backend, use_cake_attention
-from cake_cli.engine.config import CakeConfig
-from cake_cli.errors import UsageError
 from cake_cli.files import write_atomic
 from cake_cli.models.loader import LoadedModel, load_model
 from cake_cli.tasks.runner import prompt_limit, stop_token_ids
@@ -88,55 +83,6 @@ def progress_bar() -> Progress:
         TimeRemainingColumn(),
         console=stderr_console(),
         transient=True,
-    )
-
-
-# ---- speed ------------------------------------------------------------------------------------
-
-
-def speed(model, base: CakeConfig, sizes, names, new_tokens, repeats, dtype, attention, json_out) -> None:
-    """`cake bench speed` after its options were checked."""
-    loaded = load(model, dtype, attention)
-    ids = loaded.tokenizer(python_docs_text(), add_special_tokens=False)["input_ids"]
-    limit = min(prompt_limit(loaded, new_tokens), len(ids))
-    if max(sizes) > limit:
-        raise UsageError(f"--lengths goes up to {max(sizes)} tokens; this model takes at most {limit}")
-    total = (len(sizes) * len(names) + 1) * repeats
-    with progress_bar() as bar:
-        task = bar.add_task("bench speed", total=total)
-        started = [0]
-
-        def on_case(label: str) -> None:
-            bar.update(task, description=label, completed=started[0])
-            started[0] += 1
-
-        rows = run_speed(
-            loaded.model,
-            ids,
-            base,
-            lengths=sizes,
-            methods=names,
-            new_tokens=new_tokens,
-            repeats=repeats,
-            on_case=on_case,
-        )
-    data = ratios(rows)
-    meta = {
-        "model": loaded.name,
-        "device": str(loaded.device),
-        "dtype": str(loaded.dtype).replace("torch.", ""),
-        "budget": base.budget,
-        "window": base.window,
-        "new_tokens": new_tokens,
-        "repeats": repeats,
-        "machine": machine(),
-        "command": command_line(),
-    }
-    if json_out:
-        sys.stdout.write(json.dumps({"meta": meta, "rows": data}, indent=2) + "\n")
-        return
-    console(stderr=False).print(
-        speed_table(data, f"cake bench speed · {meta['model']} · B = {base.budget} · {meta['machine']}")
     )
 
 

@@ -50,6 +50,7 @@ class LoadedModel:
     device: torch.device  # device of the input embeddings
     load_seconds: float  # wall-clock seconds, including a one-time GGUF conversion
     dtype_reason: str = "asked for (--dtype)"  # why this dtype (`dtypes.auto_dtype`), for the report
+    path: Path | None = None  # the checkpoint folder the weights were read from
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ def load_model(
         device=model.get_input_embeddings().weight.device,
         load_seconds=time.perf_counter() - t0,
         dtype_reason=reason,
+        path=source.path,
     )
 
 

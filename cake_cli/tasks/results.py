@@ -104,6 +104,7 @@ class RunResult(PrefillSummary):
     kv_bytes_final: int
     decode_seconds: float
     decode_steps: int
+    sampling_seconds: float  # choosing tokens (n-gram blocking included), within the decode loop
     generated_tokens: int
     stop_reason: str
     warnings: tuple[str, ...] = ()

@@ -218,6 +218,7 @@ def run_task(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel |
         kv_bytes_final=result.kv_bytes_final,
         decode_seconds=result.decode_seconds,
         decode_steps=result.decode_steps,
+        sampling_seconds=result.sampling_seconds,
         generated_tokens=len(result.token_ids),
         stop_reason=result.stop_reason,
         warnings=tuple(prep.warnings),

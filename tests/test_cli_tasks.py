@@ -219,7 +219,9 @@ def test_complete_prints_code_only(code_file, forced):
     assert result.exit_code == 0, result.stderr
     assert result.stdout == "    y = 2\n    z = 3\n"
     data = json.loads(invoke("complete", code_file, "--at", "6", *TINY, "--json").stdout)
-    assert data["answer"] == "    y = 2\n    z = 3" and data["raw_answer"] == raw and data["task"] == "complete"
+    assert data["answer"] == "    y = 2\n    z = 3" and data["task"] == "complete"
+    # the closing fence ended the code, so generation stopped there (the prose after it is not generated)
+    assert data["raw_answer"] == raw[: raw.index("This sets")] and data["stop_reason"] == "complete"
 
 
 def test_complete_stops_after_lines(code_file):

@@ -22,6 +22,7 @@ STOPS = {  # GenerationResult.stop_reason -> what the report says
     "max_new_tokens": "the --max-new-tokens limit",
     "max_positions": "the model's position limit",
     "repetition": "a loop: the answer began repeating itself",
+    "complete": "the task: it had what it needed (e.g. --lines lines of code)",
 }
 NUMBERS_WIDTH = 52  # cells the layer table's number columns need; the bar chart gets what is left
 

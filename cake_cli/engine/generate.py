@@ -41,7 +41,7 @@ class GenerationResult:
     decode_seconds: float
     decode_steps: int
     eviction_seconds: float  # scoring + eviction, prefill and decode
-    stop_reason: str  # "eos" | "max_new_tokens" | "max_positions" | "repetition"
+    stop_reason: str  # "eos" | "max_new_tokens" | "max_positions" | "repetition" | "complete"
     sampling_seconds: float = 0.0  # choosing tokens from the logits, n-gram blocking included
     first_logits: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
@@ -190,6 +190,7 @@ def decode(
     step_logits: list | None = None,
     forced_tokens: list[int] | None = None,
     stop_on_repetition: bool = False,
+    stop_when: Callable[[list[int]], bool] | None = None,
 ) -> GenerationResult:
     """Decode token by token at true positions n, n+1, ... after `prefill` (or `replay.replay`),
     with the configured decode policy (spec §4).
@@ -207,6 +208,8 @@ def decode(
         forced_tokens: feed these tokens instead of sampling (teacher forcing, for oracles).
         stop_on_repetition: stop once the answer ends in a degenerate loop (`sampling.repeated_tail`),
             stop reason "repetition".
+        stop_when: called with the tokens so far after each one; True ends decoding (stop reason
+            "complete": the caller has what it needs, e.g. enough lines of code).
 
     Returns:
         GenerationResult.
@@ -240,6 +243,9 @@ def decode(
             on_token(token)
         if stop_on_repetition and repeated_tail(tokens):
             stop_reason = "repetition"
+            break
+        if stop_when is not None and stop_when(tokens):
+            stop_reason = "complete"
             break
         if len(tokens) == max_new_tokens:
             break

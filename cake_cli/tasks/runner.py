@@ -184,20 +184,20 @@ def run_task(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel |
     lines = request.max_lines or DEFAULT_LINES
     code = CodeFilter(lines) if template.output == "code" else None
     on_text = cb.on_text
-    if on_text and code is not None:
+    if code is not None:  # code answers pass through the filter, which also ends them after --lines lines
 
         def on_text(piece: str) -> None:  # stream whole lines of code only
             out = code.feed(piece)
-            if out:
+            if out and cb.on_text:
                 cb.on_text(out)
 
     streamer = _Streamer(prep.loaded.tokenizer, on_text) if on_text else None
-    result = _generate(prep, cb, streamer)
+    result = _generate(prep, cb, streamer, (lambda _tokens: code.done) if code is not None else None)
     text = prep.loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
     answer, raw_answer, location = text.strip(), None, None
     if code is not None:
-        tail = code.finish() if on_text else ""
-        if tail:
+        tail = code.finish()
+        if tail and cb.on_text:
             cb.on_text(tail)
         answer, raw_answer = filter_code(text, lines), text
         if not answer:
@@ -250,8 +250,9 @@ def run_engine(prep: Prepared, cb: Callbacks, max_new_tokens: int, **decode_opti
         ) from None
 
 
-def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None) -> GenerationResult:
-    """Prefill + decode the prepared prompt with the template's decoding settings, streaming tokens."""
+def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None, done=None) -> GenerationResult:
+    """Prefill + decode the prepared prompt with the template's decoding settings, streaming tokens;
+    `done(tokens)` -> True ends the answer early (stop reason "complete", e.g. --lines reached)."""
     plan, loaded = prep.plan, prep.loaded
     ngram = plan.request.no_repeat_ngram_size
     sampling = replace(
@@ -265,6 +266,7 @@ def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None) -> Gene
         stop_ids=stop_token_ids(loaded),
         on_token=(lambda t: streamer.put(torch.tensor([t]))) if streamer else None,
         stop_on_repetition=plan.template.output == "text",  # code may repeat a line; prose may not loop
+        stop_when=done,
     )
     if streamer:
         streamer.end()

@@ -164,10 +164,12 @@ class RayExecutor:
         actor, row, task = self.pending.pop(ref)
         try:
             return row, self.ray.get(ref)
-        except self.ray.exceptions.RayError as exc:
+        except self.ray.exceptions.RayActorError as exc:  # died twice: Ray's one restart is spent
             self.actors.remove(actor)
             self.on_warning(f"a Ray worker died running {row.document} and is not restarted again")
             return row, row_line(row, task, error=f"the Ray worker running this row died: {first_line(exc)}")
+        except self.ray.exceptions.RayError as exc:  # e.g. the row could not be sent or its line returned
+            return row, row_line(row, task, error=f"Ray could not run this row: {first_line(exc)}")
         finally:
             if actor in self.actors:
                 self.idle.append(actor)

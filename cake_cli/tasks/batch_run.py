@@ -118,8 +118,8 @@ def run_rows(
             break
         _, line = executor.next()
         in_flight -= 1
-        _record(line, write, summary, on_line)
         summary.run_seconds = time.perf_counter() - start
+        _record(line, write, summary, on_line)
     summary.run_seconds = time.perf_counter() - start
 
 

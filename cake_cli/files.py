@@ -4,11 +4,14 @@ clobbers the old one.
 Every writer in cake-cli goes through here: ``-o/--output`` files, benchmark results, profile
 edits, saved caches, converted model checkpoints. A file is written to a temporary file in the
 same folder, flushed and fsynced, given the mode a plain ``open()`` would give it (the old file's
-mode when replacing one), then renamed over the target.
+mode when replacing one), then renamed over the target. The one file that grows instead,
+``cake batch``'s JSONL results, is appended a whole fsynced line at a time (``LineAppender``); a
+half-written last line left by a killed run is cut when it is reopened.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -158,3 +161,77 @@ def _remove_stale(dest: Path) -> None:
                     shutil.rmtree(d, ignore_errors=True)
             except OSError:
                 pass
+
+
+class LineAppender:
+    """Append whole lines to a file that a killed run may have left half-written (`cake batch` JSONL).
+
+    Opening takes an exclusive lock (a second writer fails at once, instead of interleaving) and
+    cuts a last line that has no newline, which is what a run killed mid-write can leave. Each
+    `write_line` is one write of one whole line, flushed and fsynced before it returns, so a line on
+    disk is complete or absent. Use as a context manager; `cut_bytes` says how much was cut.
+
+    Raises:
+        CakeError: the file cannot be opened or locked (another run is writing it), or a write fails.
+    """
+
+    def __init__(self, path: str | os.PathLike, what: str = "file"):
+        self.path, self.what = check_writable(path, what), what
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)  # 0o666 minus the umask
+        except OSError as exc:
+            raise CakeError(
+                f"could not open {what} {self.path}: {exc.strerror}", "check the disk and permissions"
+            ) from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            raise CakeError(
+                f"another run is writing {what} {self.path}", "wait for it to finish, or choose another file"
+            ) from None
+        self.cut_bytes = self._cut_unfinished_line()
+
+    def _cut_unfinished_line(self) -> int:
+        """Truncate the file after its last newline; returns the bytes cut (0 when it ends cleanly)."""
+        size = end = os.fstat(self._fd).st_size
+        while end > 0:
+            start = max(0, end - 65536)
+            chunk = os.pread(self._fd, end - start, start)
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        if end < size:
+            os.ftruncate(self._fd, end)
+            os.fsync(self._fd)
+        return size - end
+
+    def write_line(self, line: str) -> None:
+        """Append `line` (no newline inside it) plus a newline, then flush and fsync.
+
+        Raises:
+            ValueError: `line` holds a newline. CakeError: the disk is full or the write fails.
+        """
+        if "\n" in line:
+            raise ValueError("a line must not hold a newline")
+        data = (line + "\n").encode("utf-8")
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise CakeError(f"could not write {self.what} {self.path}: {exc.strerror}", "check the disk") from None
+
+    def close(self) -> None:
+        """Release the lock and close the file (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> LineAppender:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

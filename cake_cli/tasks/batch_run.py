@@ -1,0 +1,132 @@
+"""The `cake batch` driver: the rows not yet in the output, checked here and run by an executor,
+each finished line appended to the output as it arrives (the driver is its only writer).
+
+A row is checked with `tasks.request.plan` (its document read) in the driver; a row that fails
+there (missing, empty, binary or scanned file, a blank field) gets its error line at once and no
+worker. The others go to the executor (`batch_pool` here, `batch_ray` on Ray), at most one per
+free worker, so a killed batch loses only the rows in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from cake_cli.errors import CakeError
+from cake_cli.tasks.batch import BatchRow, row_request
+from cake_cli.tasks.batch_pool import RERUN_HINT, InlineExecutor, ProcessExecutor
+from cake_cli.tasks.batch_ray import RayExecutor
+from cake_cli.tasks.batch_results import encode_line, failure_message, line_tokens, row_line
+from cake_cli.tasks.request import TaskRequest, plan
+
+
+@dataclass
+class BatchSummary:
+    """What a `cake batch` run did (`--json` prints it). Seconds are wall clock."""
+
+    output: str
+    rows: int  # rows in INPUT
+    skipped: int  # already in the output before this run
+    failed_before: int  # of those, rows whose line is an error
+    done: int = 0  # rows finished by this run
+    failed: int = 0  # of those, rows that failed
+    tokens: int = 0  # prompt + generated tokens of this run's rows
+    executor: str = ""  # inline | processes | ray
+    workers: int = 0
+    threads: int = 0  # torch threads per worker
+    startup_seconds: float = 0.0  # until every worker had its model loaded
+    run_seconds: float = 0.0  # from then until the last row was written
+
+    @property
+    def succeeded(self) -> bool:
+        """Every row of INPUT has a successful line in the output (the exit code is 0)."""
+        return self.failed + self.failed_before == 0 and self.skipped + self.done == self.rows
+
+    def to_dict(self) -> dict:
+        """JSON-ready: the fields plus documents per hour and tokens per second (of this run)."""
+        data = asdict(self)
+        rate = self.run_seconds if self.run_seconds > 0 else float("inf")
+        data.update(
+            succeeded=self.succeeded,
+            documents_per_hour=round(self.done * 3600 / rate, 2),
+            tokens_per_second=round(self.tokens / rate, 2),
+        )
+        return data
+
+
+def cores() -> int:
+    """CPU cores this process may use (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def make_executor(
+    request: TaskRequest,
+    workers: int | None,
+    threads: int | None,
+    ray_address: str | None,
+    on_warning: Callable[[str], None] | None = None,
+):
+    """The executor for `--workers`, `--threads` and `--ray`. Locally: `workers` (default 1),
+    torch threads = cores // workers unless `threads`; on Ray see `batch_ray.ray_slots`.
+
+    Raises:
+        CakeError: --ray without Ray installed.
+    """
+    if ray_address is not None:
+        return RayExecutor(request, ray_address, workers, threads, on_warning)
+    workers = workers or 1
+    threads = threads or max(1, cores() // workers)
+    if workers == 1:
+        return InlineExecutor(request, threads)
+    return ProcessExecutor(request, workers, threads, on_warning)
+
+
+def run_rows(
+    rows: list[BatchRow],
+    base: TaskRequest,
+    executor,
+    write: Callable[[str], None],
+    summary: BatchSummary,
+    on_line: Callable[[dict], None] | None = None,
+) -> None:
+    """Check and run `rows` on a started executor; `write` each finished line as it arrives.
+
+    Raises:
+        CakeError: no worker is left (the rows not written run on a rerun).
+    """
+    todo = list(reversed(rows))
+    in_flight = 0
+    start = time.perf_counter()
+    while todo or in_flight:
+        while todo and executor.free() > 0:
+            row = todo.pop()
+            try:
+                checked = plan(row_request(base, row))
+            except Exception as exc:  # noqa: BLE001 - a bad row is recorded, the batch goes on
+                _record(row_line(row, base.task, error=failure_message(exc)), write, summary, on_line)
+                continue
+            executor.submit(row, checked)
+            in_flight += 1
+        if in_flight == 0:
+            if todo:
+                raise CakeError(f"no worker is left to run the {len(todo)} remaining rows", RERUN_HINT)
+            break
+        _, line = executor.next()
+        in_flight -= 1
+        summary.run_seconds = time.perf_counter() - start
+        _record(line, write, summary, on_line)
+    summary.run_seconds = time.perf_counter() - start
+
+
+def _record(line: dict, write: Callable[[str], None], summary: BatchSummary, on_line) -> None:
+    write(encode_line(line))
+    summary.done += 1
+    summary.failed += line["error"] is not None
+    summary.tokens += line_tokens(line)
+    if on_line:
+        on_line(line)

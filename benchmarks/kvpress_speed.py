@@ -24,6 +24,50 @@ def kv_bytes(cache) -> int:
     return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers)
 
 
+def one_run(pipe, model, ids, context, args) -> dict:
+    """One timed pipeline call (see the module docstring)."""
+    timings = {"prefill": 0.0, "decode": [], "kv": 0, "context": 0}
+    inner, outer = model.model.forward, model.forward
+
+    def timed_inner(*a, **k):  # first call: the compressed prefill, model.model(input_ids=context, …)
+        if timings["context"]:  # later calls come from model.forward (question, decoding)
+            return inner(*a, **k)
+        start = time.perf_counter()
+        out = inner(*a, **k)
+        timings["prefill"] = time.perf_counter() - start
+        timings["kv"] = kv_bytes(k["past_key_values"])
+        timings["context"] = k["input_ids"].shape[1]
+        torch.set_num_threads(args.decode_threads)
+        return out
+
+    def timed_outer(*a, **k):  # question forward, then one call per generated token
+        start = time.perf_counter()
+        out = outer(*a, **k)
+        if k["input_ids"].shape[1] == 1:
+            timings["decode"].append(time.perf_counter() - start)
+        return out
+
+    model.model.forward, model.forward = timed_inner, timed_outer
+    try:
+        n = pipe.preprocess(context, [""], "", 10**9)["context_ids"].shape[1]  # with the chat template
+        press = SnapKVPress(compression_ratio=max(0.0, 1.0 - args.budget / n))  # keep `budget` per layer
+        start = time.perf_counter()
+        pipe(context, question="", press=press, max_new_tokens=args.new_tokens, cache=DynamicCache())
+        total = time.perf_counter() - start
+    finally:
+        model.model.forward, model.forward = inner, outer
+        torch.set_num_threads(args.threads)
+    steps = len(timings["decode"])
+    return {
+        "prefill_seconds": timings["prefill"],
+        "ttft_seconds": total - sum(timings["decode"]),
+        "decode_tokens_per_second": steps / sum(timings["decode"]) if steps else 0.0,
+        "decode_steps": steps,
+        "kv_bytes_kept": timings["kv"],
+        "context_tokens": timings["context"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-dir", required=True)
@@ -37,52 +81,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=getattr(torch, args.dtype), attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model_dir, dtype=getattr(torch, args.dtype), attn_implementation="sdpa"
+    )
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer, device="cpu")
     ids = json.load(open(args.ids))
     context = tokenizer.decode(ids)
-    runs = []
-    for _ in range(args.repeats):
-        timings = {"prefill": 0.0, "decode": [], "kv": 0, "context": 0}
-        inner, outer = model.model.forward, model.forward
-
-        def timed_inner(*a, **k):  # first call: the compressed prefill, model.model(input_ids=context, …)
-            if timings["context"]:  # later calls come from model.forward (question, decoding)
-                return inner(*a, **k)
-            start = time.perf_counter()
-            out = inner(*a, **k)
-            timings["prefill"] = time.perf_counter() - start
-            timings["kv"] = kv_bytes(k["past_key_values"])
-            timings["context"] = k["input_ids"].shape[1]
-            torch.set_num_threads(args.decode_threads)
-            return out
-
-        def timed_outer(*a, **k):  # question forward, then one call per generated token
-            start = time.perf_counter()
-            out = outer(*a, **k)
-            if k["input_ids"].shape[1] == 1:
-                timings["decode"].append(time.perf_counter() - start)
-            return out
-
-        model.model.forward, model.forward = timed_inner, timed_outer
-        try:
-            n = pipe.preprocess(context, [""], "", 10**9)["context_ids"].shape[1]  # with the chat template
-            press = SnapKVPress(compression_ratio=max(0.0, 1.0 - args.budget / n))  # keep `budget` per layer
-            start = time.perf_counter()
-            pipe(context, question="", press=press, max_new_tokens=args.new_tokens, cache=DynamicCache())
-            total = time.perf_counter() - start
-        finally:
-            model.model.forward, model.forward = inner, outer
-            torch.set_num_threads(args.threads)
-        steps = len(timings["decode"])
-        runs.append({
-            "prefill_seconds": timings["prefill"],
-            "ttft_seconds": total - sum(timings["decode"]),
-            "decode_tokens_per_second": steps / sum(timings["decode"]) if steps else 0.0,
-            "decode_steps": steps,
-            "kv_bytes_kept": timings["kv"],
-            "context_tokens": timings["context"],
-        })
+    runs = [one_run(pipe, model, ids, context, args) for _ in range(args.repeats)]
     print(json.dumps({k: statistics.median(r[k] for r in runs) for k in runs[0]} | {"repeats": args.repeats}))
 
 

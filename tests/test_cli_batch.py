@@ -26,7 +26,18 @@ from tests.conftest import license_text
 
 runner = CliRunner()
 TINY = ["-m", "tiny-test", "-b", "64", "-n", "4"]
-TIMINGS = {"load_seconds", "prefill_seconds", "eviction_seconds", "decode_seconds", "decode_tokens_per_second"}
+TIMINGS = {
+    "load_seconds",
+    "prefill_seconds",
+    "eviction_seconds",
+    "decode_seconds",
+    "decode_tokens_per_second",
+    "sampling_seconds",
+    # how many threads ran it (a batch worker's fixed count vs a single run's idle-core choice)
+    "prefill_threads",
+    "decode_threads",
+    "threads_reason",
+}
 ROOT = Path(__file__).resolve().parents[1]
 
 

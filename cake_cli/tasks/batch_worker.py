@@ -12,6 +12,7 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import replace
 
 import torch
 
@@ -32,7 +33,8 @@ class RowWorker:
     """
 
     def __init__(self, request: TaskRequest, threads: int):
-        torch.set_num_threads(max(1, threads))
+        self.threads = max(1, threads)
+        torch.set_num_threads(self.threads)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.error: tuple[str, str | None, int] | None = None
         self.ready = None
@@ -62,6 +64,8 @@ class RowWorker:
         """
         start = time.perf_counter()
         try:
+            # the worker's threads for prefill and decoding (not the single-document idle-core policy)
+            plan = replace(plan, request=replace(plan.request, threads=self.threads))
             result = run_task(plan, model=self.ready).to_dict()
         except Exception as exc:  # noqa: BLE001 - the row fails, the batch goes on
             return row_line(

@@ -99,8 +99,9 @@ BatchJson = Annotated[
 
 @dataclasses.dataclass(frozen=True)
 class BatchOptions(TaskOptions):
-    """TaskOptions with a required JSONL --output and a --json summary."""
+    """TaskOptions with --threads per worker, a required JSONL --output and a --json summary."""
 
+    threads: Threads = None  # per worker here (TaskOptions': prefill on idle cores, decode on one)
     output: BatchOutput = ...  # Ellipsis: Typer makes the option required
     json_out: BatchJson = False
 
@@ -113,7 +114,6 @@ def batch(
     pattern: Pattern = "*",
     field: Field = None,
     workers: Workers = None,
-    threads: Threads = None,
     ray: Ray = None,
     *,
     opts: BatchOptions,
@@ -127,6 +127,7 @@ def batch(
     or could not run (rerun to finish); 2 for a usage error.
     """
     with handled():
+        threads = opts.threads
         for flag, value in (("--workers", workers), ("--threads", threads)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} must be at least 1 (got {value})")

@@ -363,7 +363,7 @@ def converted(tmp_path_factory):
     mp.setattr(conversion, "load_gguf", spy)
     messages = []
     t0 = time.perf_counter()
-    lm = load_model("smollm2", progress=messages.append)
+    lm = load_model("smollm2", dtype="float32", progress=messages.append)  # float32: compared with the GGUF's
     first_s = time.perf_counter() - t0
     mp.undo()
     yield home, lm, seen[0], messages, first_s
@@ -378,7 +378,7 @@ def test_embedded_conversion_round_trip(converted, monkeypatch):
     config = json.loads((ckpt / "config.json").read_text())
     assert "quantization_config" not in config and config["tie_word_embeddings"] is True
     assert lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
-    assert lm.name == "smollm2 (SmolLM2-135M-Instruct)" and lm.dtype == AUTO_CPU
+    assert lm.name == "smollm2 (SmolLM2-135M-Instruct)" and lm.dtype == torch.float32
 
     text = "The capital of France is Paris. The capital of Italy is"
     assert lm.tokenizer(text).input_ids == gguf_tok(text).input_ids
@@ -390,7 +390,7 @@ def test_embedded_conversion_round_trip(converted, monkeypatch):
 
     monkeypatch.setenv("CAKE_HOME", str(home))
     monkeypatch.setattr(conversion, "load_gguf", lambda *a, **k: pytest.fail("re-converted"))
-    second = load_model("smollm2")
+    second = load_model("smollm2", dtype="float32")
     assert second.load_seconds < first_s / 3, (second.load_seconds, first_s)
     torch.testing.assert_close(logits(second, text), expected, atol=1e-4, rtol=0)
 
@@ -402,7 +402,7 @@ def test_its_gguf_file_is_recognised_by_content(converted, monkeypatch):
     monkeypatch.setenv("CAKE_HOME", str(converted[0]))
     monkeypatch.setattr(conversion, "load_gguf", lambda *a, **k: pytest.fail("re-converted"))
     messages = []
-    lm = load_model(str(_smollm2_gguf()), progress=messages.append)
+    lm = load_model(str(_smollm2_gguf()), dtype="float32", progress=messages.append)  # as `converted` loaded it
     assert lm.name == "smollm2 (SmolLM2-135M-Instruct)" and lm.profile.name == "smollm2"
     assert getattr(lm.model, "hf_quantizer", None) is None
     assert messages[0].endswith(f"using the conversion cached in {converted[0] / 'models' / SMOL.checkpoint_name}")

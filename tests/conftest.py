@@ -36,6 +36,31 @@ def tiny_llama(layers: int = 4, heads: int = 8, kv_heads: int = 2, head_dim: int
     return model
 
 
+def tiny_family(
+    arch: str, layers: int = 4, heads: int = 8, kv_heads: int = 2, head_dim: int = 8, seed: int = 0, **config
+):
+    """A random model of family `arch` (fp32, eval; `tests.tiny.family_config` defaults, vocab 97),
+    with the same sharpened q/k projections as `tiny_llama` and random q/k norm weights where the
+    family has them (so the norms change the queries the window attention must see)."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.tiny import family_config
+
+    torch.manual_seed(seed)
+    cfg = family_config(arch, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, vocab=97, **config)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            for name in ("q_proj", "k_proj", "qkv_proj"):
+                if hasattr(attn, name):
+                    getattr(attn, name).weight.mul_(4.0)
+            for name in ("q_norm", "k_norm"):
+                if hasattr(attn, name):
+                    getattr(attn, name).weight.copy_(torch.randn_like(getattr(attn, name).weight) * 0.5 + 0.5)
+    return model
+
+
 @pytest.fixture(scope="module")
 def tiny_model():
     return tiny_llama()

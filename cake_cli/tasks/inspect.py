@@ -41,6 +41,8 @@ def inspect_layers(plan: Plan, callbacks: Callbacks | None = None, model: ReadyM
         **summary_fields(prep, result),
         document=plan.doc.source,
         template=plan.request.task,
-        evictable_total=prep.config.evictable_total(num_layers) if prep.config else None,
+        evictable_total=prep.config.evictable_total(sum(row.window is None for row in result.layers))
+        if prep.config
+        else None,  # local layers (native sliding window) share no budget
         warnings=tuple(prep.warnings),
     )

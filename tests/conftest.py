@@ -28,6 +28,7 @@ def tiny_llama(layers: int = 4, heads: int = 8, kv_heads: int = 2, head_dim: int
         rope_theta=10000.0,
     )
     model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None  # plain generate runs the full length, like the engine in tests
     # larger weights make the attention less uniform, so eviction decisions are well separated
     with torch.no_grad():
         for layer in model.model.layers:
@@ -49,6 +50,7 @@ def tiny_family(
     torch.manual_seed(seed)
     cfg = family_config(arch, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, vocab=97, **config)
     model = AutoModelForCausalLM.from_config(cfg).eval()
+    model.generation_config.eos_token_id = None  # plain generate runs the full length, like the engine here
     with torch.no_grad():
         for layer in model.model.layers:
             attn = layer.self_attn
@@ -115,3 +117,12 @@ def license_text() -> str:
     from pathlib import Path
 
     return (Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt").read_text(encoding="utf-8")
+
+
+def license_file(folder, chars: int, name: str = "notes.txt"):
+    """The first `chars` characters of `license_text()` written to `folder / name` (a Path)."""
+    from pathlib import Path
+
+    path = Path(folder) / name
+    path.write_text(license_text()[:chars], encoding="utf-8")
+    return path

@@ -92,7 +92,7 @@ def family_config(
     sliding window unless given (its config defaults to 4096); Gemma 2/3 get an 8-token sliding
     window on local layers (Gemma 2: every other layer, Gemma 3: two local layers then a global
     one), a query_pre_attn_scalar of 2·d (so the scale is not d ** -0.5) and, for Gemma 2, an
-    attention soft-cap of 4 that bites on tiny logits; Phi-3 rotates half of each head
+    attention soft-cap of 1 that bites on tiny logits; Phi-3 rotates half of each head
     (partial_rotary_factor 0.5). ``overrides`` replace any field.
     """
     if arch not in FAMILIES:
@@ -121,7 +121,7 @@ def family_config(
             layer_types=["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)],
         )
     if arch == "gemma2":
-        fields["attn_logit_softcapping"] = 4.0
+        fields["attn_logit_softcapping"] = 1.0
     if arch == "phi3":
         fields.update(partial_rotary_factor=0.5, original_max_position_embeddings=max_positions)
     fields.update(overrides)

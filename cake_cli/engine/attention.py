@@ -80,8 +80,8 @@ def layer_window(layer_idx: int, cache, sliding_window: int | None) -> int | Non
         return layer.window
     if layer.seen > sliding_window:
         raise UnsupportedModelError(
-            f"layer {layer_idx} has a {sliding_window}-token sliding window and {layer.seen} tokens: past the "
-            f"window the CAKE engine is not exact; keep prompt + generated tokens within {sliding_window}"
+            f"layer {layer_idx} attends over a sliding window of {sliding_window} tokens and has seen {layer.seen}: "
+            f"past its window the CAKE engine is not exact; keep prompt + generated tokens within {sliding_window}"
         )
     return None
 

@@ -40,28 +40,33 @@ class Family:
     name: str  # shown to users, e.g. "Llama"
     gguf_arch: str  # llama.cpp's general.architecture for this family's GGUF files
     notes: str  # what the engine does for it beyond dense attention ("" for none)
+    sliding: str  # where its modules' sliding window comes from: "layer_types" (config.layer_types,
+    # per layer), "every_layer" (config.sliding_window on all layers) or "none" (no window)
 
 
+_EVERY_LAYER = "sliding_window on every layer: prompt + answer limited to it"
 FAMILIES: dict[str, Family] = {
     f.model_type: f
     for f in (
-        Family("llama", "Llama", "llama", ""),
-        Family("mistral", "Mistral", "llama", "sliding_window on every layer: prompt + answer limited to it"),
-        Family("qwen2", "Qwen2", "qwen2", "use_sliding_window: the sliding layers are local"),
-        Family("qwen3", "Qwen3", "qwen3", "q/k norms; use_sliding_window: the sliding layers are local"),
-        Family("gemma2", "Gemma 2", "gemma2", "local sliding layers, query_pre_attn_scalar, attention soft-capping"),
+        Family("llama", "Llama", "llama", "", "none"),
+        Family("mistral", "Mistral", "llama", _EVERY_LAYER, "every_layer"),
+        Family("qwen2", "Qwen2", "qwen2", "use_sliding_window: the sliding layers are local", "layer_types"),
+        Family("qwen3", "Qwen3", "qwen3", "q/k norms; use_sliding_window: the sliding layers are local", "layer_types"),
+        Family(
+            "gemma2",
+            "Gemma 2",
+            "gemma2",
+            "local sliding layers, query_pre_attn_scalar, attention soft-capping",
+            "layer_types",
+        ),
         Family(
             "gemma3_text",
             "Gemma 3",
             "gemma3",
             "local sliding layers, q/k norms, query_pre_attn_scalar; text-only checkpoints",
+            "layer_types",
         ),
-        Family(
-            "phi3",
-            "Phi-3",
-            "phi3",
-            "fused qkv, partial rotary; sliding_window on every layer: prompt + answer limited to it",
-        ),
+        Family("phi3", "Phi-3", "phi3", f"fused qkv, partial rotary; {_EVERY_LAYER}", "every_layer"),
     )
 }
 GGUF_ARCHS: dict[str, str] = {}  # llama.cpp architecture -> model_type (the first family wins: llama, not mistral)
@@ -132,10 +137,14 @@ class AttentionLayout:
 
 
 def _declared_windows(config) -> list[int | None]:
-    """Each layer's sliding window as the attention modules apply it (None = full attention)."""
+    """Each layer's sliding window as the family's attention modules apply it (None = full attention)."""
     layers = config.num_hidden_layers
     window = getattr(config, "sliding_window", None) or None
-    layer_types = getattr(config, "layer_types", None)
+    family = FAMILIES.get(getattr(config, "model_type", None))
+    source = family.sliding if family else "layer_types"
+    if source == "none":  # Llama: its modules pass no window
+        return [None] * layers
+    layer_types = getattr(config, "layer_types", None) if source == "layer_types" else None
     if layer_types is None:  # Mistral, Phi-3: the config's window applies to every layer
         return [window] * layers
     unknown = sorted({t for t in layer_types if t not in LAYER_TYPES})

@@ -20,7 +20,7 @@ BAR_WIDTH = 30
 STOPS = {  # GenerationResult.stop_reason -> what the report says
     "eos": "the model's end of answer",
     "max_new_tokens": "the --max-new-tokens limit",
-    "max_positions": "the model's position limit",
+    "max_positions": "the model's position limit (or the sliding window every layer uses)",
     "repetition": "a loop: the answer began repeating itself",
 }
 NUMBERS_WIDTH = 52  # cells the layer table's number columns need; the bar chart gets what is left

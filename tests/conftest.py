@@ -28,11 +28,38 @@ def tiny_llama(layers: int = 4, heads: int = 8, kv_heads: int = 2, head_dim: int
         rope_theta=10000.0,
     )
     model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None  # plain generate runs the full length, like the engine in tests
     # larger weights make the attention less uniform, so eviction decisions are well separated
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.q_proj.weight.mul_(4.0)
             layer.self_attn.k_proj.weight.mul_(4.0)
+    return model
+
+
+def tiny_family(
+    arch: str, layers: int = 4, heads: int = 8, kv_heads: int = 2, head_dim: int = 8, seed: int = 0, **config
+):
+    """A random model of family `arch` (fp32, eval; `tests.tiny.family_config` defaults, vocab 97),
+    with the same sharpened q/k projections as `tiny_llama` and random q/k norm weights where the
+    family has them (so the norms change the queries the window attention must see)."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.tiny import family_config
+
+    torch.manual_seed(seed)
+    cfg = family_config(arch, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, vocab=97, **config)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    model.generation_config.eos_token_id = None  # plain generate runs the full length, like the engine here
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            for name in ("q_proj", "k_proj", "qkv_proj"):
+                if hasattr(attn, name):
+                    getattr(attn, name).weight.mul_(4.0)
+            for name in ("q_norm", "k_norm"):
+                if hasattr(attn, name):
+                    getattr(attn, name).weight.copy_(torch.randn_like(getattr(attn, name).weight) * 0.5 + 0.5)
     return model
 
 
@@ -90,3 +117,12 @@ def license_text() -> str:
     from pathlib import Path
 
     return (Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt").read_text(encoding="utf-8")
+
+
+def license_file(folder, chars: int, name: str = "notes.txt"):
+    """The first `chars` characters of `license_text()` written to `folder / name` (a Path)."""
+    from pathlib import Path
+
+    path = Path(folder) / name
+    path.write_text(license_text()[:chars], encoding="utf-8")
+    return path

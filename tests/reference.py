@@ -5,6 +5,12 @@ mask. Every quantity is computed from its definition with explicit loops (per he
 independently of the fast path: window attention, H_l, V_l, the indicator with pooling, GQA
 averaging, one-shot top-k with the final budgets, and the `fixed` decode policy. Only the
 integer budget rounding is shared with the engine (tested on its own in test_allocation).
+
+What each attention module hands its attention function is honoured as written: `scaling`,
+logit soft-capping (`softcap`: c · tanh(x / c)) and a sliding window (`sliding_window`: a query
+at position p sees positions p - window + 1 .. p), applied by true position over the full cache.
+Layers that slide while others do not are local: never scored, never evicted, no budget; the
+budget is allocated over the other layers.
 """
 
 from __future__ import annotations
@@ -57,15 +63,27 @@ class MaskedReference:
         self.num_heads = cfg.num_attention_heads
         self.num_kv = cfg.num_key_value_heads
         self.visible: list[list[list[bool]]] = []  # [L][H_kv][t]
-        self.log_prefs: list[float] = []
-        self.indicators: list[list[list[float]]] = []  # [L][H_kv][n - w]
-        self.stats: list[tuple[float, float]] = []
-        self.capacity: list[int] = []
+        self.log_prefs: list[float] = []  # [L]
+        self.indicators: list[list[list[float]] | None] = []  # [L][H_kv][n - w]
+        self.stats: list[tuple[float, float] | None] = []  # [L] (H_l, V_l), None when n <= w
+        self.capacity: list[int | None] = []
+        self.windows: dict[int, int | None] = {}  # layer -> the sliding window its module passed
+        self.softcaps: dict[int, float | None] = {}
+        self.budgets: list[int | None] = []
         self.phase = "prefill"
         self.n = 0
 
     # -- definitions --------------------------------------------------------------------
-    def _probs(self, query, key, layer_visible, head):
+    def _logit(self, q, k, softcap):
+        x = float(torch.dot(q.double(), k.double())) * self.scale
+        return softcap * math.tanh(x / softcap) if softcap is not None else x
+
+    def _allowed(self, layer, pos, j):
+        """Whether the query at position `pos` may see the key at position `j` (causal, window)."""
+        window = self.windows.get(layer)
+        return j <= pos and (window is None or j > pos - window)
+
+    def _probs(self, layer, query, key, layer_visible, head):
         """Probabilities of each query row of one query head over the visible keys (float64)."""
         group = self.num_heads // self.num_kv
         kv = head // group
@@ -75,11 +93,15 @@ class MaskedReference:
             pos = k_len - q_len + i
             logits = []
             for j in range(k_len):
-                ok = j <= pos and layer_visible[kv][j]
-                dot = float(torch.dot(query[0, head, i].double(), key[0, kv, j].double())) * self.scale
-                logits.append(dot if ok else float("-inf"))
+                ok = self._allowed(layer, pos, j) and layer_visible[kv][j]
+                logits.append(self._logit(query[0, head, i], key[0, kv, j], self.softcaps[layer]) if ok else -math.inf)
             rows.append(_softmax_row(logits))
         return rows
+
+    def local_layers(self) -> set[int]:
+        """Layers that slide while some other layer does not (their window is native, no budget)."""
+        sliding = {layer for layer, w in self.windows.items() if w is not None}
+        return sliding if len(sliding) < self.num_layers else set()
 
     def _prefill_layer(self, layer, query, key):
         cfg, w, n = self.config, self.config.window, key.shape[2]
@@ -89,43 +111,44 @@ class MaskedReference:
         h_l = v_l = 0.0
         per_head = []
         for head in range(self.num_heads):
-            rows = self._probs(query[:, :, -w:], key, self.visible[layer], head)  # [w][n]
+            rows = self._probs(layer, query[:, :, -w:], key, self.visible[layer], head)  # [w][n]
             cols = [[rows[i][j] for i in range(w)] for j in range(n - w)]
             h_l -= sum(a * math.log(a) for col in cols for a in col if a > 0)
             v_l += sum(_variance(col) for col in cols)
             score = [sum(col) / w + cfg.gamma * _variance(col) for col in cols]
             per_head.append(_pool(score, cfg.pool_kind, cfg.pool_kernel))
-        self.stats.append((h_l, v_l))
-        self.log_prefs.append(
+        self.stats[layer] = (h_l, v_l)
+        self.log_prefs[layer] = (
             math.log(h_l) / cfg.tau1 + math.log(v_l) / cfg.tau2 if h_l > 0 and v_l > 0 else float("-inf")
         )
-        self.indicators.append(
-            [
-                [sum(per_head[kv * group + r][j] for r in range(group)) / group for j in range(n - w)]
-                for kv in range(self.num_kv)
-            ]
-        )
+        self.indicators[layer] = [
+            [sum(per_head[kv * group + r][j] for r in range(group)) / group for j in range(n - w)]
+            for kv in range(self.num_kv)
+        ]
 
     def _finish_prefill(self, n):
         cfg, w = self.config, self.config.window
+        local = self.local_layers()
+        scored = [layer for layer in range(self.num_layers) if layer not in local]
         if n <= cfg.budget:
-            self.capacity = [cfg.budget] * self.num_layers
+            self.capacity = [None if layer in local else cfg.budget for layer in range(self.num_layers)]
             return
-        budgets = allocation.cascade(self.log_prefs, cfg.evictable_total(self.num_layers), n - w)[-1]
-        for layer, budget in enumerate(budgets):
+        final = allocation.cascade([self.log_prefs[i] for i in scored], cfg.evictable_total(len(scored)), n - w)[-1]
+        self.budgets = [None] * self.num_layers
+        for layer, budget in zip(scored, final):
+            self.budgets[layer] = budget
             for kv in range(self.num_kv):
                 keep = _top(self.indicators[layer][kv], budget)
                 for j in range(n - w):
                     self.visible[layer][kv][j] = j in keep
-        self.budgets = budgets
-        self.capacity = [b + w for b in budgets]
+        self.capacity = [None if b is None else b + w for b in self.budgets]
 
     def _decode_layer(self, layer, query, key):
         cfg = self.config
         vis = self.visible[layer]
         count = sum(vis[0])
         cap = self.capacity[layer]
-        if cfg.decode_policy != "fixed" or count <= cap:
+        if cfg.decode_policy != "fixed" or cap is None or count <= cap:
             return
         w = min(cfg.window, cap)
         group = self.num_heads // self.num_kv
@@ -134,7 +157,7 @@ class MaskedReference:
             candidates = held[: len(held) - w]
             pooled = []
             for r in range(group):
-                rows = self._probs(query, key, vis, kv * group + r)
+                rows = self._probs(layer, query, key, vis, kv * group + r)
                 mean = [sum(rows[i][j] for i in range(len(rows))) / len(rows) for j in candidates]
                 pooled.append(_pool(mean, cfg.pool_kind, cfg.pool_kernel))
             scores = [sum(p[c] for p in pooled) / group for c in range(len(candidates))]
@@ -147,21 +170,25 @@ class MaskedReference:
         """Masked attention for one layer, then the reference's eviction decision for it."""
         layer = module.layer_idx
         self.scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        self.windows[layer] = kwargs.get("sliding_window")
+        softcap = self.softcaps[layer] = kwargs.get("softcap")
         vis = self.visible[layer]
         k_len, q_len = key.shape[2], query.shape[2]
         for kv in range(self.num_kv):
             vis[kv].extend([True] * (k_len - len(vis[kv])))
         group = self.num_heads // self.num_kv
         mask = torch.tensor([[vis[h // group][j] for j in range(k_len)] for h in range(self.num_heads)])
-        causal = torch.arange(k_len)[None, :] <= (torch.arange(q_len)[:, None] + k_len - q_len)
-        allowed = mask[:, None, :] & causal[None]  # [H, q, k]
+        rule = torch.tensor([[self._allowed(layer, k_len - q_len + i, j) for j in range(k_len)] for i in range(q_len)])
+        allowed = mask[:, None, :] & rule[None]  # [H, q, k]
         k_full = key[0].repeat_interleave(group, dim=0).double()  # [H, k, d]
         v_full = value[0].repeat_interleave(group, dim=0).double()
         logits = query[0].double() @ k_full.transpose(1, 2) * self.scale
+        if softcap is not None:
+            logits = softcap * torch.tanh(logits / softcap)
         probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
         out = (probs @ v_full).to(query.dtype).transpose(0, 1).unsqueeze(0)  # [1, q, H, d]
         if self.phase == "prefill":
-            self._prefill_layer(layer, query, key)
+            self._prefill_layer(layer, query, key)  # a local layer is scored too, then ignored
         else:
             self._decode_layer(layer, query, key)
         return out, None
@@ -179,7 +206,10 @@ class MaskedReference:
         try:
             n = input_ids.shape[1]
             self.visible = [[[] for _ in range(self.num_kv)] for _ in range(self.num_layers)]
-            cache = DynamicCache(config=self.model.config)
+            self.stats = [None] * self.num_layers
+            self.log_prefs = [float("-inf")] * self.num_layers
+            self.indicators = [None] * self.num_layers
+            cache = DynamicCache()  # full layers (no config: a sliding layer would drop old tokens)
             out = self.model(input_ids=input_ids, position_ids=torch.arange(n)[None], cache=cache, use_cache=True)
             self._finish_prefill(n)
             self.phase = "decode"

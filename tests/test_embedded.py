@@ -405,7 +405,11 @@ def test_an_unsupported_gguf_architecture_is_refused_before_conversion(tmp_path)
     writer.close()
     e = error_of(str(f))
     assert e.message.startswith("unsupported architecture 'gpt2': the CAKE engine supports the llama, mistral")
-    assert e.hint == "use a Llama, Mistral or Qwen2 model, e.g. --model qwen2.5-coder-0.5b" and nothing_left()
+    assert (
+        e.hint
+        == ("use a Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 or Phi-3 model, e.g. --model qwen2.5-coder-0.5b")
+        and nothing_left()
+    )
 
 
 def test_a_full_disk_for_any_gguf(tiny_gguf, monkeypatch):

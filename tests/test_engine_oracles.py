@@ -8,6 +8,7 @@ import torch
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import _forward, generate, prefill
+from tests.oracles import check_eviction, check_no_eviction
 from tests.reference import MaskedReference
 
 
@@ -17,39 +18,13 @@ def prompt(n: int, vocab: int = 97, seed: int = 1) -> torch.Tensor:
 
 @pytest.mark.parametrize("policy", ["fixed", "grow"])
 def test_no_eviction_equals_plain_generation(tiny_model, policy):
-    ids, new = prompt(60), 12
-    tiny_model.set_attn_implementation("sdpa")
-    plain = tiny_model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-    plain_logits = tiny_model(ids).logits[:, -1].float()
-    use_cake_attention(tiny_model, "sdpa")
-    result = generate(tiny_model, ids, CakeConfig(budget=60 + new, window=8, decode_policy=policy), max_new_tokens=new)
-    assert not result.evicted
-    assert list(result.token_ids) == plain[0, 60:].tolist()
-    torch.testing.assert_close(result.first_logits, plain_logits, atol=1e-5, rtol=0)
-    assert result.kv_bytes_kept == result.kv_bytes_full
+    check_no_eviction(tiny_model, prompt(60), 12, policy)
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 @pytest.mark.parametrize("policy", ["fixed", "grow"])
 def test_eviction_equals_masking_reference(tiny_model, backend, policy):
-    ids, new = prompt(72), 8
-    config = CakeConfig(budget=20, window=6, decode_policy=policy)
-    use_cake_attention(tiny_model, backend)
-    engine_logits: list[torch.Tensor] = []
-    result = generate(tiny_model, ids, config, max_new_tokens=new, step_logits=engine_logits)
-    assert result.evicted and result.kv_bytes_kept < result.kv_bytes_full
-    budgets = [row.budget for row in result.layers]
-    assert len(set(budgets)) > 1, "allocation should differ across layers for this test to mean something"
-    reference = MaskedReference(tiny_model, config)
-    ref_logits = reference.run(ids, list(result.token_ids))
-    assert reference.budgets == budgets
-    assert len(ref_logits) == len(engine_logits) == new
-    for step, (got, want) in enumerate(zip(engine_logits, ref_logits)):
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=0, msg=f"decode step {step}")
-    # the masked reference without eviction decisions would differ: the test can fail
-    full_logits: list[torch.Tensor] = []
-    generate(tiny_model, ids, None, max_new_tokens=new, forced_tokens=list(result.token_ids), step_logits=full_logits)
-    assert max(float((a - b).abs().max()) for a, b in zip(full_logits[1:], engine_logits[1:])) > 1e-3
+    check_eviction(tiny_model, prompt(72), CakeConfig(budget=20, window=6, decode_policy=policy), 8, backend)
 
 
 def test_fixed_policy_keeps_sizes_and_grow_appends(tiny_model):

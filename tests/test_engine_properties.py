@@ -130,7 +130,7 @@ def test_generation_stops_at_the_position_limit(tiny_model):
     try:
         r = generate(tiny_model, torch.randint(0, 97, (1, 36)), CakeConfig(budget=16, window=4), max_new_tokens=10)
         assert r.stop_reason == "max_positions" and len(r.token_ids) == 4
-        with pytest.raises(ValueError, match="past the model's 40 positions"):
+        with pytest.raises(ValueError, match="past the model's 40-position limit"):
             prefill(tiny_model, torch.randint(0, 97, (1, 41)), CakeConfig(budget=16, window=4))
     finally:
         tiny_model.config.max_position_embeddings = limit

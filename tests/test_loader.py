@@ -19,6 +19,7 @@ import torch
 import yaml
 from tiny import build_tiny_tokenizer, save_tiny_model
 
+from cake_cli.engine.families import attention_layout
 from cake_cli.errors import CakeError, UsageError
 from cake_cli.models import checkpoints, embedded
 from cake_cli.models import gguf as conversion
@@ -109,22 +110,35 @@ def test_tiny_tokenizer_round_trips_any_text():
     assert tok.decode(tok(text).input_ids) == text
 
 
-@pytest.mark.parametrize("arch", ["mistral", "qwen2"])
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"])
 def test_other_supported_families(tmp_path, arch):
     d = save_tiny_model(tmp_path / arch, layers=2, arch=arch)
     assert load_model(str(d)).model.config.model_type == arch
 
 
-def test_a_sliding_window_is_refused_at_load_time(tmp_path):
-    d = save_tiny_model(tmp_path / "mistral", layers=2, arch="mistral")
+def test_a_sliding_window_on_every_layer_loads_and_limits_the_prompt(tmp_path):
+    """Mistral v0.1-style: accepted, exact up to its window (`engine.families.attention_layout`)."""
+    d = save_tiny_model(tmp_path / "mistral", layers=2, arch="mistral", sliding_window=4096)
+    layout = attention_layout(load_model(str(d)).model.config)
+    assert layout.limit == 4096 and layout.limit_text() == "the 4096-token sliding window every layer uses"
+
+
+def test_an_unsupported_feature_is_refused_at_load_time(tmp_path):
+    d = save_tiny_model(tmp_path / "gemma3", layers=3, arch="gemma3_text")
     config = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps({**config, "sliding_window": 4096}))
+    (d / "config.json").write_text(json.dumps({**config, "use_bidirectional_attention": True}))
     e = error_of(str(d))
-    assert e.message == (
-        f"mistral model with a 4096-token sliding window: the CAKE engine computes dense attention only, "
-        f"so it would give wrong numbers past the window ({d})"
-    )
-    assert "sliding_window null" in e.hint
+    assert e.message == f"gemma3_text model with bidirectional attention: the CAKE engine is causal ({d})"
+    assert "cake env" in e.hint
+
+
+def test_a_multimodal_gemma3_is_refused_with_what_works(tmp_path):
+    d = save_tiny_model(tmp_path / "gemma3mm", layers=2, arch="llama")
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "model_type": "gemma3"}))
+    e = error_of(str(d))
+    assert e.message.startswith("unsupported architecture 'gemma3' (multimodal Gemma 3 checkpoints are not supported")
+    assert "gemma3_text" in e.message
 
 
 def test_cake_model_env_is_the_default(tiny_dir, monkeypatch):

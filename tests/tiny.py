@@ -7,7 +7,8 @@ model (qwen2 family) as an unquantized GGUF, as llama.cpp's converter would. Not
 downloaded. Deterministic for a given seed. Each takes about a second at most.
 
 The architectures are those of the engine's family table (`cake_cli.engine.families.FAMILIES`),
-plus "gpt2" (unsupported, for refusal tests).
+plus "gpt2" (unsupported, for refusal tests); `family_config` gives each family a tiny config
+whose features (sliding windows, soft-capping, query_pre_attn_scalar, partial rotary) matter.
 """
 
 from __future__ import annotations
@@ -66,6 +67,67 @@ def build_tiny_tokenizer(vocab_size: int = 512):
     )
 
 
+GEMMA_CHAT_TEMPLATE = (  # Gemma's turn markup (no system role), for the gemma families' tiny tokenizers
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\\n' "
+    "+ message['content'] + '<end_of_turn>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+
+
+def family_config(
+    arch: str,
+    *,
+    layers: int = 4,
+    heads: int = 8,
+    kv_heads: int = 2,
+    head_dim: int = 8,
+    vocab: int = 512,
+    max_positions: int = 8192,
+    **overrides,
+):
+    """A transformers config of family ``arch`` (a model type of `FAMILIES`) with this shape.
+
+    Family defaults that make each family's features matter on a tiny model: Mistral has no
+    sliding window unless given (its config defaults to 4096); Gemma 2/3 get an 8-token sliding
+    window on local layers (Gemma 2: every other layer, Gemma 3: two local layers then a global
+    one), a query_pre_attn_scalar of 2·d (so the scale is not d ** -0.5) and, for Gemma 2, an
+    attention soft-cap of 1 that bites on tiny logits; Phi-3 rotates half of each head
+    (partial_rotary_factor 0.5). ``overrides`` replace any field.
+    """
+    if arch not in FAMILIES:
+        raise ValueError(f"arch {arch!r} is not a supported family ({', '.join(FAMILIES)})")
+    fields = dict(
+        vocab_size=vocab,
+        hidden_size=heads * head_dim,
+        intermediate_size=2 * heads * head_dim,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if arch == "mistral":
+        fields["sliding_window"] = None
+    if arch in ("gemma2", "gemma3_text"):
+        every = 2 if arch == "gemma2" else 3
+        fields.update(
+            sliding_window=8,
+            query_pre_attn_scalar=2 * head_dim,
+            layer_types=["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)],
+        )
+    if arch == "gemma2":
+        fields["attn_logit_softcapping"] = 1.0
+    if arch == "phi3":
+        fields.update(partial_rotary_factor=0.5, original_max_position_embeddings=max_positions)
+    fields.update(overrides)
+    return transformers.AutoConfig.for_model(arch, **fields)
+
+
 def save_tiny_model(
     dir,
     *,
@@ -77,6 +139,7 @@ def save_tiny_model(
     arch: str = "llama",
     max_positions: int = 8192,
     seed: int = 0,
+    **overrides,
 ) -> Path:
     """Save a tiny random causal LM + tokenizer into ``dir`` (created) and return it as a Path.
 
@@ -85,17 +148,20 @@ def save_tiny_model(
             hidden // heads).
         vocab: model vocabulary; None = the tokenizer's size (512). Larger values pad the
             embedding with ids the tokenizer never produces.
-        arch: a model type of `FAMILIES` (the supported families: llama, mistral, qwen2), or
-            "gpt2" (unsupported, for refusal tests). Mistral gets ``sliding_window=None`` (its
-            config defaults to 4096, which the engine refuses).
+        arch: a model type of `FAMILIES` (see `family_config` for each family's tiny defaults),
+            or "gpt2" (unsupported, for refusal tests). The Gemma families get Gemma's chat
+            template.
         max_positions: max_position_embeddings (tokens).
         seed: torch seed for the random weights.
+        overrides: config fields (e.g. ``sliding_window=64``).
     """
     if arch not in FAMILIES and arch != "gpt2":
         raise ValueError(f"arch {arch!r} is neither a supported family ({', '.join(FAMILIES)}) nor gpt2")
     d = Path(dir)
     d.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tiny_tokenizer()
+    if arch.startswith("gemma"):
+        tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
     vocab = vocab or len(tokenizer)
     if vocab < len(tokenizer):
         raise ValueError(f"vocab {vocab} is smaller than the tokenizer's {len(tokenizer)}")
@@ -108,18 +174,15 @@ def save_tiny_model(
         )
         cls = transformers.GPT2LMHeadModel
     else:
-        config = transformers.AutoConfig.for_model(
+        config = family_config(
             arch,
-            vocab_size=vocab,
-            hidden_size=hidden,
-            intermediate_size=2 * hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            max_position_embeddings=max_positions,
-            tie_word_embeddings=False,
-            **({"sliding_window": None} if arch == "mistral" else {}),
-            **ids,
+            layers=layers,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=hidden // heads,
+            vocab=vocab,
+            max_positions=max_positions,
+            **{**ids, **overrides},
         )
         cls = transformers.AutoModelForCausalLM.from_config
     torch.manual_seed(seed)

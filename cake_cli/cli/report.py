@@ -20,7 +20,7 @@ BAR_WIDTH = 30
 STOPS = {  # GenerationResult.stop_reason -> what the report says
     "eos": "the model's end of answer",
     "max_new_tokens": "the --max-new-tokens limit",
-    "max_positions": "the model's position limit",
+    "max_positions": "the model's position limit (or the sliding window every layer uses)",
     "repetition": "a loop: the answer began repeating itself",
     "complete": "the task: it had what it needed (e.g. --lines lines of code)",
 }
@@ -125,7 +125,7 @@ def layer_table(layers: tuple[LayerResult, ...], width: int) -> Table:
         title="allocation across layers",
         title_justify="left",
         caption="H dispersion (nats) · V shift · P preference share · B_l evictable budget · "
-        "kept = B_l + w window tokens",
+        "kept = B_l + w window tokens" + (" · local: a sliding-window layer, no budget" if _local(layers) else ""),
         caption_justify="left",
         pad_edge=False,
     )
@@ -140,13 +140,17 @@ def layer_table(layers: tuple[LayerResult, ...], width: int) -> Table:
             "–" if layer.dispersion is None else f"{layer.dispersion:.0f}",
             "–" if layer.shift is None else f"{layer.shift:.1e}",
             "–" if layer.preference_share is None else f"{layer.preference_share:.1%}",
-            "all" if layer.budget is None else str(layer.budget),
+            f"local {layer.window}" if layer.window else "all" if layer.budget is None else str(layer.budget),
             str(layer.kept),
         ]
         if bar_width >= 4:
             cells.append(bar(layer.kept, top, bar_width))
         t.add_row(*cells)
     return t
+
+
+def _local(layers: tuple[LayerResult, ...]) -> bool:
+    return any(layer.window for layer in layers)
 
 
 def render(r: RunResult, console: Console) -> None:
@@ -167,7 +171,8 @@ def inspect_summary(r: InspectResult) -> Table:
             t,
             "budgets",
             f"sum of B_l = {r.budget_sum} of (B - w)·L = {r.evictable_total}: {lost} lost to integer rounding "
-            f"(at most L = {len(r.layers)})",
+            f"(at most L = {sum(not layer.window for layer in r.layers)}"
+            + (", global layers only)" if _local(r.layers) else ")"),
         )
     elif r.budget is not None:
         _row(t, "budgets", Text("the prompt fits the budget: nothing evicted, every layer keeps all tokens", "yellow"))

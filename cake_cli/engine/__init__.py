@@ -4,7 +4,7 @@ Public API (loaded lazily, so `import cake_cli.engine.methods` stays free of tor
 
 - settings: `CakeConfig`, `SamplingConfig`, `ConfigError`
 - switching a model: `use_cake_attention`, `default_backend`, `BACKENDS`; the family contract
-  `FAMILIES`, `check_model`, `UnsupportedModelError`
+  `FAMILIES`, `check_model`, `attention_layout` (local sliding layers, limits), `UnsupportedModelError`
 - running: `prefill`, `decode`, `generate` -> `GenerationResult`; `record` / `replay` for grids
 - registries: `METHODS` (with `resolve`, `with_method`), `ALLOCATIONS`, `INDICATORS`
 - the cache: `CakeCache`, `NonFiniteError`
@@ -23,6 +23,8 @@ _EXPORTS = {
     "BACKENDS": "attention",
     "FAMILIES": "families",
     "check_model": "families",
+    "attention_layout": "families",
+    "AttentionLayout": "families",
     "UnsupportedModelError": "families",
     "prefill": "generate",
     "decode": "generate",

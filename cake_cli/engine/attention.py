@@ -2,9 +2,11 @@
 
 After eviction the layers hold different numbers of tokens, but the model builds one mask from
 the first layer. These functions ignore that mask and build each layer's own from its key
-length: every cached token is visible, the q new tokens are causal among themselves (batch 1).
-Then they hand the layer to the CakeCache passed as the `cake=` keyword (prefill cascade or
-decode policy). Backends: eager and SDPA (CPU and CUDA), flash_attention_2 (CUDA + flash-attn).
+length: every cached token is visible, the q new tokens are causal among themselves (batch 1);
+a local layer (native sliding window, `families.attention_layout`) narrows that to its window.
+Logit soft-capping (Gemma 2) runs on the eager path, SDPA having none. Then they hand the layer to
+the CakeCache passed as the `cake=` keyword (prefill cascade or decode policy). Backends: eager and
+SDPA (CPU and CUDA), flash_attention_2 (CUDA + flash-attn).
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ import importlib.util
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.models.llama.modeling_llama import eager_attention_forward
+from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward  # Llama's, plus softcap
 
-from cake_cli.engine.families import check_model
+from cake_cli.engine.families import UnsupportedModelError, check_model
 from cake_cli.engine.window import window_attention
 
 BACKENDS = ("eager", "sdpa", "flash_attention_2")
@@ -39,23 +41,83 @@ def cached_plus_causal(q_len: int, k_len: int, device: torch.device) -> torch.Te
     return torch.arange(k_len, device=device).unsqueeze(0) <= rows  # [q, k]
 
 
-def _backend_call(backend: str, module, query, key, value, scaling, dropout, kwargs):
+def visible(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """Boolean mask [q_len, k_len] of `cached_plus_causal`, narrowed to a sliding window: a query
+    sees the keys less than `window` positions behind it (transformers' sliding_window_overlay;
+    the keys are contiguous positions ending at the newest query, as in a local layer's cache).
+    None when every key is visible to every query (one query within its window)."""
+    if q_len == 1 and (window is None or k_len <= window):
+        return None
+    allowed = cached_plus_causal(q_len, k_len, device)  # [q, k]
+    if window is not None and k_len > window:
+        rows = torch.arange(q_len, device=device).unsqueeze(1) + (k_len - q_len)  # [q, 1] query index
+        allowed &= torch.arange(k_len, device=device).unsqueeze(0) > rows - window
+    return allowed
+
+
+def layer_window(layer_idx: int, cache, sliding_window: int | None) -> int | None:
+    """The sliding window the attention of layer `layer_idx` applies (None: dense causal), checked
+    against the cache: a local layer (`cache.SlidingLayer`) applies its native window; a global
+    layer holds evicted tokens, which is exact only while the window has no effect.
+
+    Args:
+        cache: the CakeCache of the run (None: a plain cache, contiguous positions).
+        sliding_window: what the attention module passed (tokens), or None.
+
+    Raises:
+        UnsupportedModelError: the module's window disagrees with the layer's cache, or a global
+            layer has seen more tokens than its window (prompt + generation past it).
+    """
+    layer = cache.layers[layer_idx] if cache is not None else None
+    if layer is None:
+        return sliding_window
+    if layer.window is not None or sliding_window is None:
+        if layer.window != sliding_window:
+            raise UnsupportedModelError(
+                f"layer {layer_idx} attends with sliding window {sliding_window} but its cache was built for "
+                f"{layer.window}: build the CakeCache with families.attention_layout(config).windows"
+            )
+        return layer.window
+    if layer.seen > sliding_window:
+        raise UnsupportedModelError(
+            f"layer {layer_idx} attends over a sliding window of {sliding_window} tokens and has seen {layer.seen}: "
+            f"past its window the CAKE engine is not exact; keep prompt + generated tokens within {sliding_window}"
+        )
+    return None
+
+
+def _backend_call(backend: str, module, query, key, value, scaling, dropout, window, softcap, kwargs):
+    """The backend's attention with this layer's mask (eager when soft-capping: SDPA has none)."""
     q_len, k_len = query.shape[2], key.shape[2]
     if backend == "flash_attention_2":
         from transformers.integrations.flash_attention import flash_attention_forward
 
-        # flash-attn aligns the causal mask bottom-right: cached keys visible, new ones causal
-        return flash_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
-    if backend == "sdpa":
-        mask = None if (q_len == 1 or q_len == k_len) else cached_plus_causal(q_len, k_len, query.device)[None, None]
+        # flash-attn aligns the causal mask and the window bottom-right: cached keys visible, new ones causal
+        return flash_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            None,
+            dropout=dropout,
+            scaling=scaling,
+            sliding_window=window,
+            softcap=softcap,
+            **kwargs,
+        )
+    allowed = visible(q_len, k_len, window, query.device)  # [q, k] or None
+    if backend == "sdpa" and softcap is None:
+        causal = q_len == k_len and (window is None or k_len <= window)  # SDPA's own is_causal is exact
+        mask = None if allowed is None or causal else allowed[None, None]
         return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
     mask = None
-    if q_len > 1:
-        allowed = cached_plus_causal(q_len, k_len, query.device)
+    if allowed is not None:
         mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
         mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
         mask = mask[None, None]  # [1, 1, q, k]
-    return eager_attention_forward(module, query, key, value, mask, scaling=scaling, dropout=dropout, **kwargs)
+    return eager_attention_forward(
+        module, query, key, value, mask, scaling=scaling, dropout=dropout, softcap=softcap, **kwargs
+    )
 
 
 def attend(probs: torch.Tensor, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -69,20 +131,27 @@ def attend(probs: torch.Tensor, value: torch.Tensor, dtype: torch.dtype) -> torc
 
 def _make(backend: str):
     def cake_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        """query [1, H, q, d], key/value [1, H_kv, k, d] -> output [1, q, H, d] (transformers layout)."""
+        """query [1, H, q, d], key/value [1, H_kv, k, d] -> output [1, q, H, d] (transformers layout).
+
+        The model's own `attention_mask` is ignored (it is built from the first layer's length); the
+        module's `scaling`, `softcap` and `sliding_window` arguments are honoured.
+        """
         cake = kwargs.pop("cake", None)
         if query.shape[0] != 1:
             raise ValueError("cake-cli attention supports batch size 1 only")
+        layer_idx = module.layer_idx
+        window = layer_window(layer_idx, cake, kwargs.pop("sliding_window", None))
+        softcap = kwargs.pop("softcap", None)
         scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-        if cake is not None and query.shape[2] == 1 and cake.needs_probs(module.layer_idx, key.shape[2]):
+        if cake is not None and query.shape[2] == 1 and cake.needs_probs(layer_idx, key.shape[2]):
             # one decode query on a layer about to evict: compute the probabilities once, use them for
             # the output and for the eviction score (saves the backend's second pass over the keys)
-            probs = window_attention(query[0], key[0], scaling)  # [H, 1, k] float32
-            cake.after_attention(module.layer_idx, query, key, scaling, probs=probs)
+            probs = window_attention(query[0], key[0], scaling, softcap)  # [H, 1, k] float32
+            cake.after_attention(layer_idx, query, key, scaling, probs=probs, softcap=softcap)
             return attend(probs, value, query.dtype), None
-        out, _ = _backend_call(backend, module, query, key, value, scaling, dropout, kwargs)
+        out, _ = _backend_call(backend, module, query, key, value, scaling, dropout, window, softcap, kwargs)
         if cake is not None:
-            cake.after_attention(module.layer_idx, query, key, scaling)
+            cake.after_attention(layer_idx, query, key, scaling, softcap=softcap)
         return out, None
 
     cake_attention.__name__ = f"cake_{backend}"
@@ -98,13 +167,18 @@ for _backend in BACKENDS:
     AttentionInterface.register(implementation_name(_backend), _make(_backend))
 
 
-def use_cake_attention(model, backend: str) -> None:
+def use_cake_attention(model, backend: str) -> str:
     """Switch `model` to the CAKE attention function for `backend` (eager|sdpa|flash_attention_2),
     after checking the model-family contract (`families.check_model`).
 
+    Returns:
+        The backend in use: `backend`, or eager for SDPA on a family transformers runs without
+        SDPA (Gemma 2: its soft-capping has no SDPA kernel).
+
     Raises:
         UnsupportedModelError (a ValueError): the model has a feature the engine does not compute
-            exactly (another family, a sliding window, soft-capping, ...); its attention is unchanged.
+            exactly (another family, attention sinks, bidirectional attention, an unknown layer
+            type, ...); its attention is unchanged.
         ValueError: an unknown backend, or flash_attention_2 without CUDA + flash-attn.
     """
     if backend not in BACKENDS:
@@ -112,4 +186,7 @@ def use_cake_attention(model, backend: str) -> None:
     if backend == "flash_attention_2" and not flash_available():
         raise ValueError("flash_attention_2 needs CUDA and the flash-attn package")
     check_model(model)
+    if backend == "sdpa" and not getattr(model, "_supports_sdpa", True):
+        backend = "eager"
     model.set_attn_implementation(implementation_name(backend))
+    return backend

@@ -22,6 +22,8 @@ class NonFiniteError(ValueError):
 class CakeLayer(DynamicLayer):
     """One layer's cache: keys/values [1, H_kv, len, d], positions [H_kv, len] (int64)."""
 
+    window: int | None = None  # a local layer's native sliding window (SlidingLayer); None: global
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.positions: torch.Tensor | None = None
@@ -101,21 +103,63 @@ class CakeLayer(DynamicLayer):
         return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
 
 
+class SlidingLayer(CakeLayer):
+    """A local layer's cache (`families.attention_layout`): it keeps its native sliding window and
+    is never evicted by CAKE. Like transformers' DynamicSlidingWindowLayer it returns the cached
+    tokens plus the new ones for attention, then stores only the last `window - 1` of them (all a
+    later query at most `window` positions away can see). Positions stay contiguous and ascending.
+    """
+
+    is_sliding = True
+
+    def __init__(self, window: int, **kwargs):
+        super().__init__(**kwargs)
+        self.window = window
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Add q new tokens; return [1, H_kv, held + q, d] keys/values, keep the last window - 1."""
+        keys, values = super().update(key_states, value_states)
+        if keys.shape[-2] >= self.window:
+            self.keep_last(self.window - 1)
+        return keys, values
+
+    def keep_last(self, count: int) -> None:
+        """Keep the `count` most recent tokens, copied (so the full tensors returned for attention are
+        freed afterwards and `nbytes` measures what is held)."""
+        self.keys, self.values = self.keys[:, :, -count:, :].clone(), self.values[:, :, -count:, :].clone()
+        self.positions = self.positions[:, -count:].clone()
+
+
+def _nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 class CakeCache(Cache):
     """A transformers Cache of `CakeLayer`s that also carries the run's eviction state.
 
     The engine passes this object to the model twice: as `cache=` (storage) and as `cake=`
     (a keyword the registered attention functions read to call `after_attention`).
 
+    Args:
+        num_layers: L.
+        policy: see Attributes.
+        windows: [L] the native sliding window of each local layer (a `SlidingLayer`), None for a
+            global layer (`families.attention_layout(config).windows`); None: every layer global.
+
     Attributes:
-        policy: object with `after_attention(cache, layer_idx, query, key, scaling)` or None
-            (None = plain full cache, used as the no-eviction baseline).
+        policy: object with `after_attention(cache, layer_idx, query, key, scaling, probs=, softcap=)`
+            or None (None = plain full cache, used as the no-eviction baseline).
         peak_bytes: largest sum over layers of cached KV bytes seen after any update or eviction.
-        full_bytes: KV bytes the full cache held, summed when each layer received its prompt.
+        full_bytes: KV bytes the full cache held, summed when each layer received its prompt (a
+            local layer: its native window, what the model's own cache keeps).
     """
 
-    def __init__(self, num_layers: int, policy=None):
-        super().__init__(layers=[CakeLayer() for _ in range(num_layers)])
+    def __init__(self, num_layers: int, policy=None, windows=None):
+        windows = list(windows) if windows is not None else [None] * num_layers
+        if len(windows) != num_layers:
+            raise ValueError(f"{len(windows)} layer windows for {num_layers} layers")
+        super().__init__(layers=[CakeLayer() if w is None else SlidingLayer(w) for w in windows])
+        self.windows = windows
         self.policy = policy
         self.peak_bytes = 0
         self.full_bytes = 0
@@ -131,32 +175,44 @@ class CakeCache(Cache):
             raise NonFiniteError(
                 f"layer {layer_idx} produced non-finite keys/values ({key_states.dtype}); nothing non-finite is cached"
             )
-        keys, values = self.layers[layer_idx].update(key_states, value_states)
-        if self.layers[layer_idx].seen == key_states.shape[-2]:  # the prompt's first pass
-            self.full_bytes += self.layers[layer_idx].nbytes()
-        self.track_peak()
+        layer = self.layers[layer_idx]
+        keys, values = layer.update(key_states, value_states)
+        if layer.seen == key_states.shape[-2]:  # the prompt's first pass
+            self.full_bytes += layer.nbytes()
+        self.track_peak(_nbytes(keys, values) - layer.nbytes())  # a local layer attends over more than it keeps
         return keys, values
 
     def after_attention(
-        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float, probs: torch.Tensor | None = None
+        self,
+        layer_idx: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        scaling: float,
+        probs: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> None:
         """Hook called by the attention function once layer `layer_idx` has attended; `probs` are the
-        [H, 1, k] float32 probabilities of a single decode query when the attention function computed them."""
+        [H, 1, k] float32 probabilities of a single decode query when the attention function computed
+        them; `softcap` the layer's attention logit soft-capping (None: none)."""
         if self.policy is not None:
-            self.policy.after_attention(self, layer_idx, query, key, scaling, probs=probs)
+            self.policy.after_attention(self, layer_idx, query, key, scaling, probs=probs, softcap=softcap)
 
     def needs_probs(self, layer_idx: int, key_len: int) -> bool:
-        """Whether the policy will score layer `layer_idx` from a single query's probabilities now."""
-        return self.policy is not None and getattr(self.policy, "needs_probs", lambda *_: False)(layer_idx, key_len)
+        """Whether the policy will score layer `layer_idx` from a single query's probabilities now
+        (never a local layer: CAKE does not evict it)."""
+        if self.policy is None or self.layers[layer_idx].window is not None:
+            return False
+        return getattr(self.policy, "needs_probs", lambda *_: False)(layer_idx, key_len)
 
     def kv_bytes(self) -> int:
         """Bytes held now by every layer's key and value tensors, measured from the tensors."""
         return sum(layer.nbytes() for layer in self.layers)
 
-    def track_peak(self) -> None:
-        """Record the current total if it is the largest so far (while `tracking_peak`)."""
+    def track_peak(self, transient: int = 0) -> None:
+        """Record the current total (plus `transient` bytes held only while a layer attends) if it is
+        the largest so far (while `tracking_peak`)."""
         if self.tracking_peak:
-            self.peak_bytes = max(self.peak_bytes, self.kv_bytes())
+            self.peak_bytes = max(self.peak_bytes, self.kv_bytes() + transient)
 
     def lengths(self) -> list[int]:
         """Live tokens held per layer (same for every KV head of a layer)."""

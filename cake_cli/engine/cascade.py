@@ -5,6 +5,9 @@ the indicator of its evictable tokens; then every layer 0..m is evicted to its s
 B_l^(m) (Eqs. 9-10). Re-eviction ranks the stored indicator of the tokens a layer still holds,
 so the result equals one eviction with the final budgets (Thm. 1).
 
+Local layers (a native sliding window, `families.attention_layout`) are not scored and get no
+budget: the allocation runs over the global layers only, with B_total = (B - w) · L_global.
+
 Baselines run the same path with another allocation (uniform / pyramid budgets, fixed before
 prefill, so each layer is evicted once) and/or another indicator (`indicators.INDICATORS`).
 """
@@ -42,17 +45,30 @@ class CascadePrefill:
         on_layer: optional progress callback `(layer_idx, num_layers)` after each layer.
         collect_stats: compute H_l, V_l, P_l even when the allocation does not use them (for
             reports); the CAKE allocation always computes them.
+        windows: [L] a local layer's native sliding window, None for a global layer (None: all
+            global), as the CakeCache was built.
 
     Attributes:
-        stats: [L] LayerStats (None until the layer ran, or when n <= w).
-        stages: budgets of layers 0..m after stage m (empty when nothing is evicted).
+        stats: [L] LayerStats (None until the layer ran, when n <= w, or for a local layer).
+        stages: budgets of the global layers up to layer m after stage m (empty when nothing is
+            evicted), in the order of `global_layers`.
         evicting: True when n > B (otherwise every layer keeps all tokens).
         seconds: wall time spent scoring and evicting, seconds.
     """
 
-    def __init__(self, config: CakeConfig, num_layers: int, prompt_len: int, on_layer=None, collect_stats: bool = True):
+    def __init__(
+        self,
+        config: CakeConfig,
+        num_layers: int,
+        prompt_len: int,
+        on_layer=None,
+        collect_stats: bool = True,
+        windows=None,
+    ):
         self.config = config
         self.num_layers = num_layers
+        self.windows = list(windows) if windows is not None else [None] * num_layers
+        self.global_layers = [i for i, w in enumerate(self.windows) if w is None]
         self.prompt_len = prompt_len
         self.on_layer = on_layer
         self.stats: list[LayerStats | None] = [None] * num_layers
@@ -68,9 +84,13 @@ class CascadePrefill:
         return max(self.prompt_len - self.config.window, 0)
 
     @property
-    def final_budgets(self) -> list[int] | None:
-        """B_l after the last stage (evictable tokens per layer), or None if nothing was evicted."""
-        return self.stages[-1] if self.evicting and len(self.stages) == self.num_layers else None
+    def final_budgets(self) -> list[int | None] | None:
+        """[L] B_l after the last stage (evictable tokens per layer; None for a local layer), or None
+        if nothing was evicted."""
+        if not (self.evicting and self.global_layers and len(self.stages) == len(self.global_layers)):
+            return None
+        budgets = dict(zip(self.global_layers, self.stages[-1]))
+        return [budgets.get(i) for i in range(self.num_layers)]
 
     def after_attention(
         self,
@@ -80,19 +100,23 @@ class CascadePrefill:
         key: torch.Tensor,
         scaling: float,
         probs: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> None:
-        """Score layer `layer_idx` from its window attention and cascade-evict layers 0..layer_idx.
+        """Score layer `layer_idx` from its window attention and cascade-evict the global layers
+        0..layer_idx (a local layer is left as it is).
 
         Args:
             cache: the CakeCache being filled.
             query: [1, H, n, d] rotated prompt queries of this layer.
             key: [1, H_kv, n, d] rotated prompt keys of this layer.
             scaling: softmax scale.
+            softcap: the layer's attention logit soft-capping, or None.
         """
         start = time.perf_counter()
         w = self.config.window
-        a = window_attention(query[0, :, -w:, :], key[0], scaling) if self.prompt_len > w else None  # [H, w, n]
-        self.observe(cache, layer_idx, a, key.shape[1])
+        if self.prompt_len > w and self.windows[layer_idx] is None:
+            a = window_attention(query[0, :, -w:, :], key[0], scaling, softcap)  # [H, w, n]
+            self.observe(cache, layer_idx, a, key.shape[1])
         self.seconds += time.perf_counter() - start
         if self.on_layer is not None:
             self.on_layer(layer_idx, self.num_layers)
@@ -105,7 +129,7 @@ class CascadePrefill:
             a: [H, w, n] float32 window attention of this layer, or None when n <= w.
             num_kv: H_kv.
         """
-        if a is None:
+        if a is None or self.windows[layer_idx] is not None:
             return
         cfg = self.config
         a_ev = a[:, :, : self.cap]  # [H, w, n - w], not renormalised
@@ -128,20 +152,21 @@ class CascadePrefill:
             self._cascade(cache, layer_idx)
 
     def _cascade(self, cache, m: int) -> None:
-        """Stage m: allocate over layers 0..m (Eq. 9) and evict each to its budget (Eq. 10)."""
-        logs = [s.log_preference for s in self.stats[: m + 1]] if self.collect_stats else None
-        total = self.config.evictable_total(self.num_layers)
+        """Stage m: allocate over the global layers 0..m (Eq. 9) and evict each to its budget (Eq. 10)."""
+        seen = [i for i in self.global_layers if i <= m]
+        logs = [self.stats[i].log_preference for i in seen] if self.collect_stats else None
+        total = self.config.evictable_total(len(self.global_layers))
         budgets = allocation.stage_budgets(
             self.config.allocation,
             logs,
-            m + 1,
-            self.num_layers,
+            len(seen),
+            len(self.global_layers),
             total,
             self.cap,
             self.stages[-1] if self.stages else None,
         )
         self.stages.append(budgets)
-        for layer_idx, budget in enumerate(budgets):
+        for layer_idx, budget in zip(seen, budgets):
             self.evict_layer(cache, layer_idx, budget)
         cache.track_peak()
 

@@ -50,24 +50,27 @@ class FixedDecode:
         key: torch.Tensor,
         scaling: float,
         probs: torch.Tensor | None = None,
+        softcap: float | None = None,
     ) -> None:
-        """Evict layer `layer_idx` back to its capacity after q new tokens were added.
+        """Evict layer `layer_idx` back to its capacity after q new tokens were added (a local
+        layer keeps its native sliding window instead).
 
         Args:
             query: [1, H, q, d] rotated queries of the new tokens.
             key: [1, H_kv, k, d] every slot the layer holds (all live at this point).
             probs: [H, q, k] float32 attention of the new queries if already computed, else None.
+            softcap: the layer's attention logit soft-capping, or None.
         """
         k = key.shape[-2]
         cap, cfg = self.capacity[layer_idx], self.config
-        if k <= cap:
+        if k <= cap or cache.layers[layer_idx].window is not None:
             return
         start = time.perf_counter()
         layer = cache.layers[layer_idx]
         w = min(cfg.window, cap)
         num_heads, num_kv = query.shape[1], key.shape[1]
         order = torch.argsort(layer.positions, dim=-1)  # [H_kv, k]: slots in position order
-        a = probs if probs is not None else window_attention(query[0], key[0], scaling)  # [H, q, k]
+        a = probs if probs is not None else window_attention(query[0], key[0], scaling, softcap)  # [H, q, k]
         by_head = order.repeat_interleave(num_heads // num_kv, dim=0)  # [H, k]
         a = a.gather(2, by_head.unsqueeze(1).expand(-1, a.shape[1], -1))  # [H, q, k] in position order
         m = k - w  # candidates: everything but the most recent w
@@ -95,5 +98,5 @@ class GrowDecode:
 
     seconds = 0.0
 
-    def after_attention(self, cache, layer_idx, query, key, scaling, probs=None) -> None:
+    def after_attention(self, cache, layer_idx, query, key, scaling, probs=None, softcap=None) -> None:
         """Nothing to do."""

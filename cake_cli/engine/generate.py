@@ -12,6 +12,7 @@ from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.cascade import CascadePrefill, LayerStats
 from cake_cli.engine.config import CakeConfig, SamplingConfig
 from cake_cli.engine.decode import FixedDecode, GrowDecode
+from cake_cli.engine.families import attention_layout
 from cake_cli.engine.sampling import Sampler, repeated_tail
 
 
@@ -21,8 +22,9 @@ class LayerRow:
 
     layer: int
     stats: LayerStats | None
-    budget: int | None  # B_l evictable tokens (Eq. 7, integer), None when nothing was evicted
-    kept: int  # tokens the layer holds after prefill (B_l + w, or n)
+    budget: int | None  # B_l evictable tokens (Eq. 7, integer), None when nothing was evicted or local
+    kept: int  # tokens the layer holds after prefill (B_l + w, or n; a local layer: at most window - 1)
+    window: int | None = None  # a local layer's native sliding window (tokens; no budget), None: global
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,8 @@ class Prefilled:
         """Per-layer statistics, budgets and tokens kept."""
         budgets = self.cascade.final_budgets if self.cascade is not None else None
         return tuple(
-            LayerRow(i, self.cascade.stats[i] if self.cascade else None, budgets[i] if budgets else None, kept)
-            for i, kept in enumerate(self.lengths)
+            LayerRow(i, self.cascade.stats[i] if self.cascade else None, budgets[i] if budgets else None, kept, window)
+            for i, (kept, window) in enumerate(zip(self.lengths, self.cache.windows))
         )
 
 
@@ -122,7 +124,8 @@ def prefill(
         Prefilled state; the cache holds B_l + w tokens per layer when n > B, else all n.
 
     Raises:
-        ValueError: batch size other than 1 or an empty prompt.
+        ValueError: batch size other than 1, an empty prompt, or a prompt past the model's
+            positions or the sliding window every layer uses (`families.attention_layout`).
     """
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"expected input_ids of shape [1, n>0], got {tuple(input_ids.shape)}")
@@ -131,14 +134,16 @@ def prefill(
             f"batch size {input_ids.shape[0]} is not supported: the engine runs one sequence at a "
             "time (layers keep different tokens per sequence)"
         )
-    limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and input_ids.shape[1] > limit:
-        raise ValueError(f"the prompt has {input_ids.shape[1]} tokens, past the model's {limit} positions")
+    layout = attention_layout(model.config)
+    if layout.limit is not None and input_ids.shape[1] > layout.limit:
+        raise ValueError(f"the prompt has {input_ids.shape[1]} tokens, past {layout.limit_text()}")
     num_layers = model.config.num_hidden_layers
     cascade = (
-        CascadePrefill(config, num_layers, input_ids.shape[1], on_layer, collect_stats) if config is not None else None
+        CascadePrefill(config, num_layers, input_ids.shape[1], on_layer, collect_stats, layout.windows)
+        if config is not None
+        else None
     )
-    cache = CakeCache(num_layers, policy=cascade)
+    cache = CakeCache(num_layers, policy=cascade, windows=layout.windows)
     _sync(input_ids.device)
     start = time.perf_counter()
     logits = _forward(model, cache, input_ids, 0, step_logits)
@@ -223,7 +228,7 @@ def decode(
     tokens: list[int] = []
     stop_reason = "max_new_tokens"
     decode_seconds, sampling_seconds, steps = 0.0, 0.0, 0
-    limit = getattr(model.config, "max_position_embeddings", None) or float("inf")
+    limit = attention_layout(model.config).limit or float("inf")
     while len(tokens) < max_new_tokens:
         if n + len(tokens) >= limit:  # the next token would sit past the model's position range
             stop_reason = "max_positions"

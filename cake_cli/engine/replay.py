@@ -17,6 +17,7 @@ import torch
 from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.cascade import CascadePrefill
 from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled, _forward, _sync
 from cake_cli.engine.window import window_attention
 
@@ -28,9 +29,9 @@ class _Recorder:
         self.window = window
         self.attention: dict[int, torch.Tensor] = {}
 
-    def after_attention(self, cache, layer_idx, query, key, scaling, probs=None) -> None:
-        if query.shape[2] > self.window:
-            self.attention[layer_idx] = window_attention(query[0, :, -self.window :, :], key[0], scaling)
+    def after_attention(self, cache, layer_idx, query, key, scaling, probs=None, softcap=None) -> None:
+        if query.shape[2] > self.window and cache.layers[layer_idx].window is None:  # local layers are not scored
+            self.attention[layer_idx] = window_attention(query[0, :, -self.window :, :], key[0], scaling, softcap)
 
 
 @dataclass
@@ -52,7 +53,7 @@ def record(model, input_ids: torch.Tensor, window: int) -> Recording:
     """
     num_layers = model.config.num_hidden_layers
     recorder = _Recorder(window)
-    cache = CakeCache(num_layers, policy=recorder)
+    cache = CakeCache(num_layers, policy=recorder, windows=attention_layout(model.config).windows)
     _sync(input_ids.device)
     start = time.perf_counter()
     logits = _forward(model, cache, input_ids, 0, None)
@@ -70,7 +71,7 @@ def replay(rec: Recording, config: CakeConfig | None) -> Prefilled:
         ValueError: `config.window` differs from the recording's window.
     """
     num_layers = len(rec.cache.layers)
-    cache = CakeCache(num_layers)
+    cache = CakeCache(num_layers, windows=rec.cache.windows)
     for src, dst in zip(rec.cache.layers, cache.layers):
         dst.lazy_initialization(src.keys, src.values)
         dst.keys, dst.values = src.keys.clone(), src.values.clone()
@@ -82,7 +83,7 @@ def replay(rec: Recording, config: CakeConfig | None) -> Prefilled:
         if config.window != rec.window:
             raise ValueError(f"recorded with window {rec.window}, replayed with {config.window}")
         n = rec.cache.layers[0].seen
-        cascade = CascadePrefill(config, num_layers, n)
+        cascade = CascadePrefill(config, num_layers, n, windows=rec.cache.windows)
         for layer_idx, a in enumerate(rec.attention):
             cascade.observe(cache, layer_idx, a, cache.layers[layer_idx].keys.shape[1])
     cache.track_peak()

@@ -9,14 +9,19 @@ from __future__ import annotations
 import torch
 
 
-def window_attention(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
-    """Attention probabilities of the last w queries over all keys, in float32.
+def window_attention(
+    query: torch.Tensor, key: torch.Tensor, scaling: float, softcap: float | None = None
+) -> torch.Tensor:
+    """Attention probabilities of the last w queries over all keys, in float32, exactly as the
+    model's attention computes them (the query arrives after any q norm and RoPE).
 
     Args:
         query: [H, w, d] rotated queries of the w most recent tokens (any float dtype).
         key: [H_kv, n, d] rotated cached keys at KV-head granularity; the queries are the last
             w of these n tokens, so row i (position n - w + i) sees keys 0..n - w + i (causal).
-        scaling: softmax scale, usually d ** -0.5.
+        scaling: softmax scale, usually d ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5).
+        softcap: attention logit soft-capping c (Gemma 2): logits -> c · tanh(logits / c) before
+            the softmax; None for none.
 
     Returns:
         A: [H, w, n] float32 probabilities (each row sums to 1). Query head h reads KV head
@@ -32,6 +37,8 @@ def window_attention(query: torch.Tensor, key: torch.Tensor, scaling: float) -> 
     group = num_heads // num_kv
     q = query.float().reshape(num_kv, group * w, dim)  # [H_kv, g·w, d]: each KV head's query rows
     logits = torch.bmm(q, key.float().transpose(1, 2)).mul_(scaling).view(num_kv, group, w, n)  # [H_kv, g, w, n]
+    if softcap is not None:
+        logits = logits.div_(softcap).tanh_().mul_(softcap)
     if w > 1:
         rows = torch.arange(w, device=key.device).unsqueeze(1) + (n - w)  # [w, 1] absolute positions
         cols = torch.arange(n, device=key.device).unsqueeze(0)  # [1, n]

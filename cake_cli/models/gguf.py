@@ -31,7 +31,7 @@ from cake_cli.errors import CakeError, first_line
 from cake_cli.files import atomic_dir
 from cake_cli.models import checkpoints, embedded
 from cake_cli.models.embedded import EmbeddedModel
-from cake_cli.models.support import check_architecture
+from cake_cli.models.support import check_gguf_architecture
 
 Progress = Callable[[str], None] | None
 
@@ -105,7 +105,7 @@ def ensure_converted(gguf: Path, progress: Progress = None) -> Path:
             progress(f"using the conversion of {gguf.name} cached in {dest}")
         return dest
     arch, params = gguf_info(gguf)  # seconds for a large vocabulary: only when converting
-    check_architecture(arch, gguf)
+    check_gguf_architecture(arch, gguf)
     marker = checkpoints.marker(gguf.name, size, sha)
     return _build(
         dest, 4 * params, lambda tmp: _convert_into(gguf, tmp, marker, (), progress, f"{params / 1e6:.0f}M parameters")

@@ -250,6 +250,8 @@ def _checked_dir(d: Path, name: str, profile: Profile | None, fix: str | None = 
 def _load_dir(d: Path, dtype: torch.dtype, device_map, attn_implementation: str):
     """Load tokenizer and model from a checked directory, then check the family contract on the model."""
     hf_logging.disable_progress_bar()  # a plain checkpoint loads in seconds: our status line is enough
+    if attn_implementation == "sdpa":
+        attn_implementation = None  # transformers' default: SDPA, or eager where a family has none (Gemma 2)
     try:
         tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(

@@ -29,13 +29,13 @@ def inspect_layers(plan: Plan, callbacks: Callbacks | None = None, model: ReadyM
     """
     cb = callbacks or Callbacks()
     prep = prepare(plan, cb, model)
-    loaded = prep.loaded
-    num_layers = loaded.model.config.num_hidden_layers
     result = run_engine(prep, cb, max_new_tokens=0)
     return InspectResult(
         **summary_fields(prep, result),
         document=plan.doc.source,
         template=plan.request.task,
-        evictable_total=prep.config.evictable_total(num_layers) if prep.config else None,
+        evictable_total=prep.config.evictable_total(sum(row.window is None for row in result.layers))
+        if prep.config
+        else None,  # local layers (native sliding window) share no budget
         warnings=tuple(prep.warnings),
     )

@@ -26,8 +26,9 @@ class LayerResult:
     dispersion: float | None  # H_l, nats (None when the prompt is not longer than the window)
     shift: float | None  # V_l
     preference_share: float | None  # P_l / sum_k P_k, in [0, 1]
-    budget: int | None  # B_l evictable tokens kept (None when nothing was evicted)
-    kept: int  # tokens the layer holds after prefill (B_l + w, or all)
+    budget: int | None  # B_l evictable tokens kept (None when nothing was evicted, or a local layer)
+    kept: int  # tokens the layer holds after prefill (B_l + w, or all; a local layer: its window - 1 at most)
+    window: int | None = None  # a local layer's native sliding window (tokens; no CAKE budget), None: global
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def preference_shares(log_prefs: list[float | None]) -> list[float | None]:
 
 def layer_results(rows) -> tuple[LayerResult, ...]:
     """LayerResults from the engine's per-layer rows (`engine.generate.LayerRow`: layer, stats,
-    budget, kept); preference shares are P_l / sum P from the stored log P."""
+    budget, kept, window); preference shares are P_l / sum P from the stored log P."""
     shares = preference_shares([row.stats.log_preference if row.stats else None for row in rows])
     return tuple(
         LayerResult(
@@ -146,6 +147,7 @@ def layer_results(rows) -> tuple[LayerResult, ...]:
             share,
             row.budget,
             row.kept,
+            row.window,
         )
         for row, share in zip(rows, shares)
     )
@@ -157,13 +159,13 @@ class InspectResult(PrefillSummary):
 
     document: str  # the path as given, "<stdin>", or the packaged sample's path
     template: str  # the task template whose prompt was prefilled
-    evictable_total: int | None  # (B - w) · L: what the budgets B_l share (None: --method full)
+    evictable_total: int | None  # (B - w) · L over the global layers: what the B_l share (None: --method full)
     warnings: tuple[str, ...] = ()
 
     @property
     def budget_sum(self) -> int | None:
-        """sum of B_l (evictable tokens kept over all layers); None when nothing was evicted."""
-        return sum(layer.budget for layer in self.layers) if self.evicted else None
+        """sum of B_l (evictable tokens kept over the global layers); None when nothing was evicted."""
+        return sum(layer.budget for layer in self.layers if layer.budget is not None) if self.evicted else None
 
     def to_dict(self) -> dict:
         """JSON-ready dict: every field plus budget_sum, saved_fraction and the cake-cli version."""

@@ -14,7 +14,7 @@ from transformers import TextStreamer
 from cake_cli.engine.attention import default_backend, use_cake_attention
 from cake_cli.engine.cache import NonFiniteError
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.families import UnsupportedModelError
+from cake_cli.engine.families import UnsupportedModelError, attention_layout, supported_text
 from cake_cli.engine.generate import GenerationResult, decode, prefill
 from cake_cli.errors import CakeError
 from cake_cli.models.loader import LoadedModel, load_model
@@ -44,7 +44,7 @@ class Prepared:
 def prompt_limit(loaded: LoadedModel, reserve: int) -> int:
     """Most prompt tokens for `loaded`, leaving `reserve` positions to generate into: the profile's
     `max_prompt_tokens` when it has one, never past the model's positions minus `reserve`."""
-    positions = int(getattr(loaded.model.config, "max_position_embeddings", 4096)) - reserve
+    positions = int(attention_layout(loaded.model.config).limit or 4096) - reserve  # positions or every layer's window
     return min(loaded.profile.max_prompt_tokens, positions) if loaded.profile else positions
 
 
@@ -66,9 +66,9 @@ def ready_model(request: TaskRequest, cb: Callbacks | None = None) -> ReadyModel
     loaded = load_model(request.model, dtype=request.dtype, device_map=request.device_map, progress=cb.on_status)
     backend = default_backend(loaded.device) if request.attention == "auto" else request.attention
     try:
-        use_cake_attention(loaded.model, backend)
+        backend = use_cake_attention(loaded.model, backend)  # Gemma 2: eager (soft-capping has no SDPA)
     except UnsupportedModelError as exc:
-        raise CakeError(str(exc), "use a Llama, Mistral or Qwen2 model, e.g. --model smollm2") from None
+        raise CakeError(str(exc), f"use a model of {supported_text()}, e.g. --model smollm2") from None
     except ValueError as exc:
         raise CakeError(str(exc), "use --attention sdpa or eager") from None
     return ReadyModel(loaded, backend)
@@ -273,7 +273,7 @@ def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None, done=No
     if result.stop_reason == "max_positions":
         cb.warn(
             prep.warnings,
-            f"generation stopped at the model's {loaded.model.config.max_position_embeddings}-position limit; use a "
+            f"generation stopped at {attention_layout(loaded.model.config).limit_text()}; use a "
             "shorter document or fewer --max-new-tokens",
         )
     return result

@@ -16,6 +16,7 @@ import typer
 from cake_cli import __version__
 from cake_cli.cli import options as o
 from cake_cli.cli.app import app, handled
+from cake_cli.engine.families import FAMILIES
 from cake_cli.models import checkpoints, embedded
 from cake_cli.models.embedded import EMBEDDED_MODELS, EmbeddedModel
 from cake_cli.paths import cake_home, models_dir
@@ -87,6 +88,19 @@ def _embedded_line(em: dict) -> str:
     return f"{em['model']}: {installed} · {converted}"
 
 
+def families() -> list[dict]:
+    """The model families the CAKE engine computes exactly (`engine.families.FAMILIES`)."""
+    return [
+        {"name": f.name, "model_type": f.model_type, "gguf_architecture": f.gguf_arch, "notes": f.notes}
+        for f in FAMILIES.values()
+    ]
+
+
+def families_text() -> str:
+    """'Llama, Mistral (…), …' for the views."""
+    return ", ".join(f"{f['name']} ({f['notes']})" if f["notes"] else f["name"] for f in families())
+
+
 def environment() -> dict:
     """Versions, device, attention backends, cache paths: what a bug report needs."""
     import platform
@@ -116,6 +130,7 @@ def environment() -> dict:
         "cache_dir_exists": cake_home().is_dir(),
         "profile_dirs": [str(d) for d in profile_dirs()],
         "embedded_models": [embedded_status(em) for em in EMBEDDED_MODELS.values()],
+        "model_families": families(),
         "environment": {name: os.environ.get(name) for name in ENV_VARS},
     }
 
@@ -140,6 +155,7 @@ def env(json_out: o.Json = False) -> None:
             "cache dir": f"{data['cache_dir']}{'' if data['cache_dir_exists'] else ' (not created yet)'}",
             "profile dirs": data["profile_dirs"],
             "embedded models": "\n".join(_embedded_line(em) for em in data["embedded_models"]),
+            "model families": families_text(),
             **{f"${k}": v for k, v in data["environment"].items() if v is not None},
         }
         _stdout().print(_grid(view))
@@ -178,7 +194,13 @@ def profiles_list(json_out: o.Json = False) -> None:
         profiles = [profile_dict(p) for p in list_profiles()]
         if json_out:
             return _print_json(profiles)
-        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        t = Table(
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            caption=f"supported model families: {', '.join(f['name'] for f in families())} (`cake env` says what "
+            "each needs); a model without a profile runs with tau1 = tau2 = 1 (a warning says so)",
+            caption_justify="left",
+        )
         for column in ("name", "model", "w", "taus at B", "weights"):
             t.add_column(column, no_wrap=column != "model")
         for p in profiles:

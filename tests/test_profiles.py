@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cake_cli.bench.tau_search import choose, tau_variants
 from cake_cli.errors import CakeError, UsageError
 from cake_cli.models.embedded import EMBEDDED_MODELS
 from cake_cli.models.profiles import (
@@ -105,14 +107,20 @@ def test_smollm2_is_the_embedded_model_with_searched_taus():
     assert "cake bench tau-search" in p.tau_source and "disjoint" in p.tau_source
 
 
-def test_qwen_coder_is_the_embedded_default_with_untuned_taus():
+def test_qwen_coder_is_the_embedded_default_with_searched_taus():
     p = load_profile(DEFAULT_MODEL)
     assert p.name == "qwen2.5-coder-0.5b" and p.embedded in EMBEDDED_MODELS and p.hub_id is None
     assert p.display_name == "qwen2.5-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct)"
     assert (p.window, p.gamma, p.pooling.kind, p.pooling.kernel, p.dtype) == (32, 200.0, "avg", 5, "bfloat16")
     assert p.max_prompt_tokens == 31500 < 32768  # room for generation under its 32768 positions
-    assert [(t.budget, t.tau1, t.tau2) for t in p.taus] == [(128, 1.0, 1.0), (1024, 1.0, 1.0)]
-    assert p.tau_source.startswith("not tuned yet: the CAKE authors' fallback tau1 = tau2 = 1.0")
+    assert [(t.budget, t.tau1, t.tau2) for t in p.taus] == [(128, 2.0, 1.5), (1024, 2.0, 0.4)]
+    assert p.tau_source.startswith("cake bench tau-search (2026-12-01): grid tau1 {0.5,1,2} x tau2 {0.4,1.5,3}")
+    # the shipped taus are what that search chose from its stored answers (benchmarks/runs/)
+    results = json.loads((Path(__file__).parents[1] / "benchmarks/runs/qwen-tau-search.json").read_text())
+    names = {v.name for v in tau_variants(results["meta"]["tau1_grid"], results["meta"]["tau2_grid"])}
+    chosen = choose([r for r in results["rows"] if r["method"] in names], [128, 1024])
+    assert [(c.budget, *c.best) for c in chosen] == [(t.budget, t.tau1, t.tau2) for t in p.taus]
+    assert all(c.cases == 24 for c in chosen)  # every tune case at every pair
     assert "Apache-2.0" in p.source_file.read_text()  # the upstream weights' licence is noted
     for alias in ("qwen-coder", "qwen2.5-coder", "Qwen2.5-Coder-0.5B-Instruct"):
         assert load_profile(alias).name == "qwen2.5-coder-0.5b"

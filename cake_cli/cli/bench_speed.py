@@ -25,6 +25,8 @@ from cake_cli.tasks.request import TaskRequest
 from cake_cli.tasks.runner import ReadyModel, prompt_limit, ready_model
 from cake_cli.tasks.threads import choose
 
+COMPARE_LENGTH = 8192  # longest prompt of the second and later dtypes' rows
+
 
 @dataclass(frozen=True)
 class SpeedSetup:

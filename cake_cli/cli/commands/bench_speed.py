@@ -36,7 +36,10 @@ def speed(
     ] = ",".join(SPEED_METHODS),
     dtypes: Annotated[
         str,
-        typer.Option(metavar="LIST", help="Dtypes, comma-separated (the CLI, busy and kvpress rows use the first)."),
+        typer.Option(
+            metavar="LIST",
+            help="Dtypes, comma-separated: every row in the first; the full cache and CAKE up to 8K tokens in the others.",
+        ),
     ] = "auto",
     cli_tasks: Annotated[
         str, typer.Option(metavar="LIST", help="CLI tasks measured end to end with their templates ('' for none).")

@@ -38,7 +38,8 @@ def speed(
         str,
         typer.Option(
             metavar="LIST",
-            help="Dtypes, comma-separated: every row in the first; the full cache and CAKE up to 8K tokens in the others.",
+            help="Dtypes, comma-separated: every row in the first; the full cache and CAKE up to 8K tokens in the "
+            "others.",
         ),
     ] = "auto",
     cli_tasks: Annotated[

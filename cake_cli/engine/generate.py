@@ -189,6 +189,7 @@ def decode(
     step_logits: list | None = None,
     forced_tokens: list[int] | None = None,
     stop_on_repetition: bool = False,
+    capacity: list[int] | None = None,
 ) -> GenerationResult:
     """Decode token by token at true positions n, n+1, ... after `prefill` (or `replay.replay`),
     with the configured decode policy (spec §4).
@@ -206,6 +207,8 @@ def decode(
         forced_tokens: feed these tokens instead of sampling (teacher forcing, for oracles).
         stop_on_repetition: stop once the answer ends in a degenerate loop (`sampling.repeated_tail`),
             stop reason "repetition".
+        capacity: [L] tokens per layer the `fixed` policy keeps; default `decode_capacity` (a
+            continuation after a compressed prefix passes its own, `continuation.continuation_capacity`).
 
     Returns:
         GenerationResult.
@@ -214,7 +217,7 @@ def decode(
     decode_policy = None
     if config is not None:
         decode_policy = (
-            FixedDecode(config, decode_capacity(config, state.cascade, state.lengths))
+            FixedDecode(config, capacity or decode_capacity(config, state.cascade, state.lengths))
             if config.decode_policy == "fixed"
             else GrowDecode()
         )

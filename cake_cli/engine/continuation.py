@@ -1,0 +1,162 @@
+"""A prompt prefix compressed once, continued many times: the task's tokens after a CAKE-evicted cache.
+
+A long document is prefilled and evicted once (`generate.prefill`, the cascade of Sec. 4.2). Each
+task then runs only its own tokens (instruction, question, the chat template's end) as one forward
+at the true positions seen..seen+q-1 over a *copy* of the compressed cache, and decodes from there
+(`generate.decode`). Kept tokens keep their RoPE positions and new ones are rotated at theirs
+(spec §3); the attention functions build each layer's own mask, every cached token visible and the
+q new ones causal among themselves (spec §9), so the forward is exact for what the cache holds.
+
+Continuation tokens are held, not evicted: nothing is scored while they run, and the `fixed` decode
+policy then keeps every layer at its size after the continuation (`continuation_capacity`), so the
+question is never cut by the document's budget; generated tokens are governed by the decode policy
+as after any prefill (spec §4).
+
+Also: dropping the scoring probe after compression (`drop_from`), and the cache as flat tensors for
+a file (`cache_tensors` / `cache_from_tensors`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from cake_cli.engine.cache import CakeCache
+from cake_cli.engine.cascade import LayerStats
+from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.generate import Prefilled, _forward, _sync
+
+
+@dataclass(frozen=True)
+class SavedCascade:
+    """What a finished cascade leaves for reports and decoding, rebuilt from a saved cache: the
+    per-layer statistics (Eqs. 3-7) and final budgets B_l (Eq. 7); nothing is scored any more."""
+
+    stats: list[LayerStats | None]
+    final_budgets: list[int] | None  # None when nothing was evicted
+    evicting: bool
+    seconds: float = 0.0  # scoring + eviction done now: none
+
+
+def clone_cache(cache: CakeCache) -> CakeCache:
+    """A copy of `cache` (keys, values, positions, next position, full-cache bytes), no policy.
+
+    Raises:
+        ValueError: a layer has a released slot (copy caches right after prefill or loading).
+    """
+    out = CakeCache(len(cache.layers))
+    for src, dst in zip(cache.layers, out.layers):
+        if src.free is not None:
+            raise ValueError("cannot copy a cache with a released slot; copy it before decoding")
+        dst.lazy_initialization(src.keys, src.values)
+        dst.keys, dst.values = src.keys.clone(), src.values.clone()  # [1, H_kv, len, d]
+        dst.positions, dst.seen = src.positions.clone(), src.seen  # [H_kv, len]
+    out.full_bytes = cache.full_bytes
+    return out
+
+
+def token_bytes(cache: CakeCache) -> int:
+    """KV bytes one token costs over all layers: sum over l of 2 · H_kv · d · bytes per element (spec §8)."""
+    return sum(2 * layer.keys.shape[1] * layer.keys.shape[-1] * layer.keys.element_size() for layer in cache.layers)
+
+
+def drop_from(cache: CakeCache, position: int) -> None:
+    """Remove every entry at true position >= `position` (a scoring probe appended after the
+    document) from every layer; the next token goes to `position` again.
+
+    Raises:
+        ValueError: some KV head of a layer holds a different number of those entries (the probe
+            must lie inside the observation window, which no head evicts).
+    """
+    for layer in cache.layers:
+        before = layer.positions < position  # [H_kv, len]
+        counts = before.sum(dim=-1)
+        if not bool((counts == counts[0]).all()):
+            raise ValueError("the entries to drop are not the same count in every KV head (probe longer than w?)")
+        order = torch.argsort(layer.positions, dim=-1)  # [H_kv, len]: slots in position order
+        layer.keep(order[:, : int(counts[0])])  # [1, H_kv, kept, d]
+        layer.seen = position
+    cache.full_bytes = token_bytes(cache) * position
+
+
+def continuation_capacity(config: CakeConfig, evicting: bool, lengths: list[int]) -> list[int]:
+    """[L] tokens per layer the `fixed` decode policy keeps after a continuation: what each layer
+    holds then (B_l + w + q, the q task tokens held on top of the document's budget), and at least
+    B when the prefix was not evicted (as `generate.decode_capacity` allows after a short prompt)."""
+    return list(lengths) if evicting else [max(config.budget, held) for held in lengths]
+
+
+@torch.inference_mode()
+def extend(model, state: Prefilled, ids: torch.Tensor, *, step_logits: list | None = None) -> Prefilled:
+    """Run continuation tokens after a prefilled (compressed) prompt, on a copy of its cache.
+
+    Args:
+        model: the model that filled `state`, switched to a CAKE attention function.
+        state: the prefix after prefill (or `cache_from_tensors`); left unchanged.
+        ids: [1, q] continuation token ids, placed at true positions seen..seen+q-1.
+        step_logits: if a list, receives the [1, V] float32 next-token logits.
+
+    Returns:
+        Prefilled with the copy holding every layer's tokens plus the q new ones (nothing evicted),
+        the next-token logits, the forward's seconds, and KV bytes measured from the tensors;
+        `kv_bytes_full` counts the whole prompt (prefix + continuation) in a full cache.
+
+    Raises:
+        ValueError: ids not of shape [1, q > 0], or past the model's position range.
+    """
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
+        raise ValueError(f"expected continuation ids of shape [1, q>0], got {tuple(ids.shape)}")
+    cache = clone_cache(state.cache)
+    start = cache.layers[0].seen
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and start + ids.shape[1] > limit:
+        raise ValueError(f"the prompt has {start + ids.shape[1]} tokens, past the model's {limit} positions")
+    _sync(ids.device)
+    began = time.perf_counter()
+    logits = _forward(model, cache, ids, start, step_logits)
+    _sync(ids.device)
+    seconds = time.perf_counter() - began
+    cache.full_bytes = token_bytes(cache) * cache.layers[0].seen
+    kept = cache.kv_bytes()
+    return Prefilled(cache, state.cascade, logits, seconds, cache.lengths(), kept, max(kept, state.peak_bytes))
+
+
+def cache_tensors(cache: CakeCache) -> dict[str, torch.Tensor]:
+    """The cache as flat tensors: per layer i, `keys.i` and `values.i` [H_kv, len_i, d] (rotated
+    keys, model dtype) and `positions.i` [H_kv, len_i] int32 true positions, all contiguous on CPU."""
+    out = {}
+    for i, layer in enumerate(cache.layers):
+        out[f"keys.{i}"] = layer.keys[0].contiguous().cpu()
+        out[f"values.{i}"] = layer.values[0].contiguous().cpu()
+        out[f"positions.{i}"] = layer.positions.to(torch.int32).contiguous().cpu()
+    return out
+
+
+def cache_from_tensors(tensors: dict[str, torch.Tensor], num_layers: int, seen: int, device) -> CakeCache:
+    """Rebuild a cache from `cache_tensors` output: the next token goes to position `seen`.
+
+    Raises:
+        ValueError: a tensor missing, shapes or dtypes that do not fit together, positions out of
+            [0, seen) or not increasing along each KV head.
+    """
+    cache = CakeCache(num_layers)
+    for i, layer in enumerate(cache.layers):
+        try:
+            keys, values, positions = (tensors[f"{name}.{i}"] for name in ("keys", "values", "positions"))
+        except KeyError as exc:
+            raise ValueError(f"tensor {exc.args[0]} is missing") from None
+        heads, length = positions.shape if positions.dim() == 2 else (-1, -1)
+        if keys.dim() != 3 or keys.shape != values.shape or keys.shape[:2] != (heads, length) or length < 1:
+            raise ValueError(
+                f"layer {i}: keys {tuple(keys.shape)}, values {tuple(values.shape)} and positions "
+                f"{tuple(positions.shape)} do not fit together"
+            )
+        positions = positions.to(torch.int64)
+        if int(positions.min()) < 0 or int(positions.max()) >= seen or not bool((positions.diff() > 0).all()):
+            raise ValueError(f"layer {i}: positions are not increasing within [0, {seen})")
+        keys, values = keys.unsqueeze(0).to(device), values.unsqueeze(0).to(device)  # [1, H_kv, len, d]
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values, layer.positions, layer.seen = keys, values, positions.to(device), seen
+    return cache

@@ -125,12 +125,14 @@ def extend(model, state: Prefilled, ids: torch.Tensor, *, step_logits: list | No
 
 def cache_tensors(cache: CakeCache) -> dict[str, torch.Tensor]:
     """The cache as flat tensors: per layer i, `keys.i` and `values.i` [H_kv, len_i, d] (rotated
-    keys, model dtype) and `positions.i` [H_kv, len_i] int32 true positions, all contiguous on CPU."""
+    keys, model dtype) and `positions.i` [H_kv, len_i] true positions (int16 below 32768 positions,
+    else int32: a position costs 1-2% of a token's keys and values), all contiguous on CPU."""
     out = {}
+    index_type = torch.int16 if cache.layers[0].seen <= torch.iinfo(torch.int16).max else torch.int32
     for i, layer in enumerate(cache.layers):
         out[f"keys.{i}"] = layer.keys[0].contiguous().cpu()
         out[f"values.{i}"] = layer.values[0].contiguous().cpu()
-        out[f"positions.{i}"] = layer.positions.to(torch.int32).contiguous().cpu()
+        out[f"positions.{i}"] = layer.positions.to(index_type).contiguous().cpu()
     return out
 
 

@@ -5,6 +5,7 @@ No typer or rich here: the CLI passes callbacks for streamed text and progress.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -173,7 +174,16 @@ def run_task(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel |
         CakeError: the model, the prompt, or non-finite values in a low-precision dtype.
     """
     cb = callbacks or Callbacks()
-    prep = prepare(plan, cb, model)
+    return finish(prepare(plan, cb, model), cb)
+
+
+def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] | None = None) -> RunResult:
+    """Generate for a prepared prompt (streaming, code cleaning, needle location) -> RunResult.
+
+    `run(input_ids, **decode_keywords)` replaces prefill + decode (`tasks.compressed` continues a
+    compressed prefix instead); default `engine.generate.generate`.
+    """
+    plan = prep.plan
     request, template = plan.request, plan.template
     lines = request.max_lines or DEFAULT_LINES
     code = CodeFilter(lines) if template.output == "code" else None
@@ -186,7 +196,7 @@ def run_task(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel |
                 cb.on_text(out)
 
     streamer = _Streamer(prep.loaded.tokenizer, on_text) if on_text else None
-    result = _generate(prep, cb, streamer)
+    result = _generate(prep, cb, streamer, run)
     text = prep.loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
     answer, raw_answer, location = text.strip(), None, None
     if code is not None:
@@ -220,24 +230,23 @@ def run_task(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel |
     )
 
 
-def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None) -> GenerationResult:
-    """Prefill + decode the prepared prompt, streaming tokens; non-finite values become a CakeError."""
+def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None, run=None) -> GenerationResult:
+    """Prefill + decode the prepared prompt (or `run` it), streaming tokens; non-finite values become a CakeError."""
     plan, loaded = prep.plan, prep.loaded
     ngram = plan.request.no_repeat_ngram_size
     sampling = replace(
         plan.request.sampling, no_repeat_ngram_size=plan.template.no_repeat_ngram_size if ngram is None else ngram
     )
     input_ids = torch.tensor([prep.prompt.input_ids], device=loaded.device)  # [1, n]
-    cb.status(f"prefill: {input_ids.shape[1]} tokens through {loaded.model.config.num_hidden_layers} layers")
+    if run is None:
+        cb.status(f"prefill: {input_ids.shape[1]} tokens through {loaded.model.config.num_hidden_layers} layers")
+        run = partial(generate, loaded.model, config=prep.config, on_layer=cb.on_layer)
     try:
-        result = generate(
-            loaded.model,
+        result = run(
             input_ids,
-            prep.config,
             max_new_tokens=plan.max_new_tokens,
             sampling=sampling,
             stop_ids=stop_token_ids(loaded),
-            on_layer=cb.on_layer,
             on_token=(lambda t: streamer.put(torch.tensor([t]))) if streamer else None,
             stop_on_repetition=plan.template.output == "text",  # code may repeat a line; prose may not loop
         )

@@ -19,14 +19,14 @@ a file (`cache_tensors` / `cache_from_tensors`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.cascade import LayerStats
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.generate import Prefilled, _forward, _sync
+from cake_cli.engine.generate import Prefilled, _forward, _sync, decode, prefill
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,54 @@ def extend(model, state: Prefilled, ids: torch.Tensor, *, step_logits: list | No
     cache.full_bytes = token_bytes(cache) * cache.layers[0].seen
     kept = cache.kv_bytes()
     return Prefilled(cache, state.cascade, logits, seconds, cache.lengths(), kept, max(kept, state.peak_bytes))
+
+
+@torch.inference_mode()
+def compress(model, prefix_ids: torch.Tensor, config: CakeConfig | None, *, probe_ids=None, on_layer=None) -> Prefilled:
+    """Prefill and evict a prompt prefix for later continuations (the cascade of Sec. 4.2), with no
+    question known: the observation window holds the prefix's last w tokens, or a probe.
+
+    Args:
+        prefix_ids: [1, n] the prefix.
+        config: CAKE settings (None: full cache, nothing evicted).
+        probe_ids: [1, g] tokens (g <= w) appended for scoring only: they fill the observation window
+            while the cascade scores, then they are dropped (`drop_from`); the budget is raised by g
+            meanwhile, so the prefix keeps B·L tokens in all, as without a probe.
+        on_layer: progress callback (layer_idx, L).
+
+    Returns:
+        Prefilled of the n prefix tokens (the next token goes to position n).
+
+    Raises:
+        ValueError: a probe longer than the window, and those of `prefill`.
+    """
+    g = 0 if probe_ids is None or config is None else probe_ids.shape[1]
+    if config is not None and g > config.window:
+        raise ValueError(f"a scoring probe of {g} tokens does not fit the {config.window}-token observation window")
+    ids = torch.cat([prefix_ids, probe_ids], dim=1) if g else prefix_ids  # [1, n + g]
+    state = prefill(model, ids, replace(config, budget=config.budget + g) if g else config, on_layer=on_layer)
+    if g:
+        drop_from(state.cache, prefix_ids.shape[1])
+    return replace(state, lengths=state.cache.lengths(), kv_bytes=state.cache.kv_bytes())
+
+
+def continue_and_decode(model, state: Prefilled, input_ids: torch.Tensor, config: CakeConfig | None, **decode_options):
+    """Continue a compressed prefix with the rest of `input_ids` (`extend`, on a copy), then decode.
+
+    Args:
+        state: the compressed prefix (n tokens; its cascade says whether it was evicted).
+        input_ids: [1, n + q] the whole prompt: the prefix's ids, then the q continuation tokens.
+        config: the settings the decode policy uses (None: full cache).
+        decode_options: `generate.decode`'s keywords (max_new_tokens, sampling, stop_ids, on_token, ...).
+
+    Returns:
+        GenerationResult; its prefill_seconds are the continuation's forward.
+    """
+    n = state.cache.layers[0].seen
+    cont = extend(model, state, input_ids[:, n:])
+    evicting = state.cascade is not None and state.cascade.evicting
+    capacity = continuation_capacity(config, evicting, cont.lengths) if config is not None else None
+    return decode(model, input_ids, cont, config, capacity=capacity, **decode_options)
 
 
 def cache_tensors(cache: CakeCache) -> dict[str, torch.Tensor]:

@@ -2,12 +2,13 @@
 
 Format (version `FORMAT_VERSION`): one safetensors file. Tensors, per layer i: ``keys.i`` and
 ``values.i`` [H_kv, len_i, d] (rotated keys and values in the model's dtype), ``positions.i``
-[H_kv, len_i] int16 (int32 past 32767 positions): each kept token's true position. The safetensors header's ``__metadata__``
-holds one key, ``cake_cli``: a JSON object with every `CacheMeta` field (format and cake-cli
-versions, model and its fingerprint, dtype, method, budget, window, taus, per-layer budgets and
-statistics, the prefix token ids, the document and where it came from, prefill seconds and KV
-bytes) and the sha256 of the tensor data. safetensors holds raw numbers only: reading a .cake runs
-no code (no pickle). Files are written atomically (`cake_cli.files`).
+[H_kv, len_i] int16 (int32 past 32767 positions): each kept token's true position. The
+safetensors header's ``__metadata__`` holds one key, ``cake_cli``: a JSON object with every
+`CacheMeta` field (format and cake-cli versions, model and its fingerprint, dtype, method,
+budget, window, taus, per-layer budgets and statistics, the prefix token ids, the document and
+where it came from, prefill seconds and KV bytes) and the sha256 of the tensor data. safetensors
+holds raw numbers only: reading a .cake runs no code (no pickle). Files are written atomically
+(`cake_cli.files`).
 
 Everything here is light (json, hashlib): the command line checks a .cake (truncated, corrupt,
 another format version, options that contradict it) before torch loads.

@@ -32,12 +32,8 @@ from dataclasses import replace
 import torch
 
 from cake_cli.engine.cache import NonFiniteError
-from cake_cli.engine.continuation import (
-    continuation_capacity,
-    drop_from,
-    extend,
-)
-from cake_cli.engine.generate import decode, prefill
+from cake_cli.engine.continuation import compress as compress_prefix
+from cake_cli.engine.continuation import continue_and_decode
 from cake_cli.errors import CakeError
 from cake_cli.tasks.cachefile import DEFAULT_SCORING
 from cake_cli.tasks.cachestore import Compressed, build_meta, load, saved_cascade
@@ -87,22 +83,15 @@ def compress(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None, scoring
             warnings,
             f"the budget ({config.budget}) is not smaller than the document prefix ({n} tokens): nothing is evicted",
         )
-    ids = torch.tensor([list(prefix.input_ids) + probe], device=loaded.device)  # [1, n + g]
+    ids = torch.tensor([list(prefix.input_ids)], device=loaded.device)  # [1, n]
+    probe_t = torch.tensor([probe], device=loaded.device) if probe else None  # [1, g]
     cb.status(f"compress: {n} tokens through {loaded.model.config.num_hidden_layers} layers, scored with the {scoring}")
     try:
-        state = prefill(
-            loaded.model,
-            ids,
-            replace(config, budget=config.budget + len(probe)) if config else None,
-            on_layer=cb.on_layer,
-        )
+        state = compress_prefix(loaded.model, ids, config, probe_ids=probe_t, on_layer=cb.on_layer)
     except NonFiniteError as exc:
         raise CakeError(
             f"{exc} with --dtype {loaded.dtype}".replace("torch.", ""), "use --dtype bfloat16 or float32"
         ) from None
-    if probe:
-        drop_from(state.cache, n)
-    state = replace(state, lengths=state.cache.lengths(), kv_bytes=state.cache.kv_bytes())
     meta = build_meta(plan, ready, state, prefix, scoring, probe)
     state = replace(state, cascade=saved_cascade(meta))
     return Compressed(ready, meta, state, None, None, 0.0, warnings)
@@ -162,16 +151,15 @@ def answer(compressed: Compressed, plan: Plan, cb: Callbacks | None = None) -> R
 
     def run(input_ids: torch.Tensor, *, on_token=None, **decode_options):
         cb.status(f"continuation: {input_ids.shape[1] - n} task tokens after the {n}-token compressed prefix")
-        state = extend(model, compressed.state, input_ids[:, n:])
-        timing["continuation"] = state.seconds
-        capacity = continuation_capacity(prep.config, compressed.meta.evicted, state.lengths) if prep.config else None
 
         def first(token: int) -> None:
             timing.setdefault("first", time.perf_counter() - began)
             if on_token is not None:
                 on_token(token)
 
-        return decode(model, input_ids, state, prep.config, capacity=capacity, on_token=first, **decode_options)
+        out = continue_and_decode(model, compressed.state, input_ids, prep.config, on_token=first, **decode_options)
+        timing["continuation"] = out.prefill_seconds
+        return out
 
     result = finish(prep, cb, run)
     meta = compressed.meta

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import cake_cli.cli.commands.tasks  # noqa: F401 - registered first, so the task commands lead `cake --help`
 from cake_cli.cli.app import app
-from cake_cli.cli.commands import bench, cache, info, inspect  # noqa: F401 - registers the other commands
+from cake_cli.cli.commands import bench, bench_cache, cache, info, inspect  # noqa: F401 - registers the other commands
 
 __all__ = ["app", "main"]
 

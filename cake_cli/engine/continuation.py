@@ -143,12 +143,28 @@ def compress(model, prefix_ids: torch.Tensor, config: CakeConfig | None, *, prob
         ValueError: a probe longer than the window, and those of `prefill`.
     """
     g = 0 if probe_ids is None or config is None else probe_ids.shape[1]
-    if config is not None and g > config.window:
-        raise ValueError(f"a scoring probe of {g} tokens does not fit the {config.window}-token observation window")
     ids = torch.cat([prefix_ids, probe_ids], dim=1) if g else prefix_ids  # [1, n + g]
-    state = prefill(model, ids, replace(config, budget=config.budget + g) if g else config, on_layer=on_layer)
-    if g:
-        drop_from(state.cache, prefix_ids.shape[1])
+    state = prefill(model, ids, probe_config(config, g), on_layer=on_layer)
+    return without_probe(state, prefix_ids.shape[1])
+
+
+def probe_config(config: CakeConfig | None, probe_len: int) -> CakeConfig | None:
+    """The settings to score a prefix + a `probe_len`-token probe with: the budget raised by the probe.
+
+    Raises:
+        ValueError: a probe longer than the observation window.
+    """
+    if config is None or probe_len == 0:
+        return config
+    if probe_len > config.window:
+        raise ValueError(f"a scoring probe of {probe_len} tokens does not fit the {config.window}-token window")
+    return replace(config, budget=config.budget + probe_len)
+
+
+def without_probe(state: Prefilled, prefix_len: int) -> Prefilled:
+    """The state after prefill of a prefix + probe, with the probe dropped (`drop_from`); unchanged without one."""
+    if state.cache.layers[0].seen > prefix_len:
+        drop_from(state.cache, prefix_len)
     return replace(state, lengths=state.cache.lengths(), kv_bytes=state.cache.kv_bytes())
 
 

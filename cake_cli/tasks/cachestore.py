@@ -134,6 +134,7 @@ def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compress
     saved, meta = plan.saved, plan.saved.meta
     ready = ready or ready_model(plan.request, cb)
     loaded, config = ready.loaded, ready.loaded.model.config
+    loaded.dtype_reason = f"the dtype {saved.name} was compressed in"
     start = time.perf_counter()
     again = f"compress the document again with this model: cake compress {meta.source} -o {saved.name}"
     if fingerprint(loaded.model, loaded.tokenizer) != meta.fingerprint:

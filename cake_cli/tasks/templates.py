@@ -195,22 +195,31 @@ def render_split(tokenizer, template: Template, document: str, **fields: str) ->
 
     The prefix is everything up to `split_at` (through the chat template when the template is a chat
     one and the tokenizer has a chat template); the suffix is the rest, tokenized on its own without
-    special tokens. No checks (see `build_prompt`); fields may be empty. When the chat template does
-    not carry the message text verbatim, nothing can be split: the suffix is empty.
+    special tokens. The cut goes after the blank line that ends the document block, else just before
+    it when only that gives the unsplit text's ids (Qwen merges ">\n\n"; SmolLM2 splits "\n\nWord"
+    as "\n", "\n", "Word"). No checks (see `build_prompt`); fields may be empty. A chat template that
+    does not carry the message text verbatim leaves nothing to split: the suffix is empty.
     """
     user = template.user.format(document=document, **fields)
     head = len(template.user[: split_at(template)].format(document=document, **fields))
     messages = ([{"role": "system", "content": template.system}] if template.system else []) + [
         {"role": "user", "content": user}
     ]
+    text, offset, special = user, 0, True  # raw prompt: the tokenizer's own special tokens (e.g. BOS)
     if template.chat and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        at = text.find(user)
-        cut = at + head if at >= 0 else len(text)
-        prefix = tokenizer(text[:cut], add_special_tokens=False)["input_ids"]  # as apply_chat_template tokenizes
-        return list(prefix), list(tokenizer(text[cut:], add_special_tokens=False)["input_ids"]) if text[cut:] else []
-    prefix = tokenizer(user[:head])["input_ids"]
-    return list(prefix), list(tokenizer(user[head:], add_special_tokens=False)["input_ids"]) if user[head:] else []
+        offset, special = text.find(user), False  # tokenized as apply_chat_template does
+        if offset < 0:
+            return list(tokenizer(text, add_special_tokens=False)["input_ids"]), []
+
+    def split(cut: int) -> tuple[list[int], list[int]]:
+        prefix = list(tokenizer(text[:cut], add_special_tokens=special)["input_ids"])
+        return prefix, list(tokenizer(text[cut:], add_special_tokens=False)["input_ids"]) if text[cut:] else []
+
+    cuts = [offset + head] + ([offset + head - 2] if user[:head].endswith("\n\n") else [])
+    splits = [split(cut) for cut in cuts]
+    whole = list(tokenizer(text, add_special_tokens=special)["input_ids"]) if len(cuts) > 1 else None
+    return next((p for p in splits if whole is None or p[0] + p[1] == whole), splits[0])
 
 
 def middle_cut(tokenizer, text: str, keep_tokens: int) -> str:

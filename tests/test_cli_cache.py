@@ -65,12 +65,15 @@ def test_compress_writes_a_checked_cake_file(cake):
     assert report["kv_bytes_kept"] + positions_bytes <= 1.05 * report["kv_bytes_kept"]
 
 
-def test_saved_answers_equal_in_process_answers(cake, doc):
+@pytest.mark.parametrize("policy", ["fixed", "grow"])
+def test_saved_answers_equal_in_process_answers(cake, doc, policy):
     """The oracle: `qa FILE.cake` (loaded from disk) == `qa DOC -q … -q …` (compressed in this process)."""
     path, _ = cake
     here = invoke(
         "qa",
         doc,
+        "--decode-policy",
+        policy,
         *[a for q in QUESTIONS for a in ("-q", q)],
         *TINY,
         "-b",
@@ -85,7 +88,7 @@ def test_saved_answers_equal_in_process_answers(cake, doc):
     in_process = json.loads(here.stdout)["results"]
     assert [r["question"] for r in in_process] == QUESTIONS
     for question, expected in zip(QUESTIONS, in_process):
-        loaded = invoke("qa", path, question, "-n", "12", "--json")
+        loaded = invoke("qa", path, question, "-n", "12", "--decode-policy", policy, "--json")
         assert loaded.exit_code == 0, loaded.stderr
         got = json.loads(loaded.stdout)
         assert got["answer"] == expected["answer"] and got["generated_tokens"] == expected["generated_tokens"] == 12
@@ -229,3 +232,21 @@ def test_usage_errors(cake, doc, cli_env):
     one_error_line(invoke("qa", doc, "-q", "A?", "-q", " ", *TINY), 2, "non-empty question")
     one_error_line(invoke("chat", "-", *TINY), 2, "stdin")
     one_error_line(invoke("inspect-layers", path), 2, "already compressed")
+
+
+def test_full_cache_and_end_scoring(doc, cli_env):
+    full, end = cli_env / "full.cake", cli_env / "end.cake"
+    made = [
+        json.loads(invoke("compress", doc, "-o", path, *TINY, *args, "--json").stdout)
+        for path, args in ((full, ["--method", "full"]), (end, ["-b", "64", "--scoring", "end"]))
+    ]
+    assert not made[0]["evicted"] and made[0]["kv_bytes_kept"] == made[0]["kv_bytes_full"]
+    assert made[1]["evicted"] and made[1]["scoring"] == "end" and cachefile.read_saved(end).meta.probe_ids == []
+    assert made[0]["file_bytes"] > 3 * made[1]["file_bytes"]
+    answers = [json.loads(invoke("qa", path, QUESTIONS[0], "-n", "6", "--json").stdout) for path in (full, end)]
+    assert answers[0]["method"] == "full" and answers[0]["cache"]["kv_bytes"] == made[0]["kv_bytes_kept"]
+    assert answers[1]["cache"]["scoring"] == "end"
+    q = answers[1]["cache"]["continuation_tokens"]
+    assert [(r["budget"], r["kept"]) for r in answers[1]["layers"]] == [
+        (r["budget"], r["kept"] + q) for r in made[1]["layers"]
+    ]

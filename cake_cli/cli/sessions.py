@@ -20,7 +20,7 @@ from cake_cli.files import write_atomic
 from cake_cli.tasks.cachestore import compress_result, save
 from cake_cli.tasks.compressed import answer, compress, open_prefix
 from cake_cli.tasks.request import Callbacks, Plan, for_fields
-from cake_cli.tasks.results import RunResult
+from cake_cli.tasks.results import RunResult, human_bytes
 from cake_cli.tasks.runner import ready_model
 
 EXIT_WORDS = {"exit", "quit", ":q"}
@@ -105,8 +105,8 @@ def chat(plan: Plan, opts: TaskOptions, progress: StderrProgress, output: Path |
     cb = _callbacks(opts, progress, None if opts.json_out else stream)
     compressed = open_prefix(plan, cb, ready_model(plan.request, cb), scoring)
     progress.status(
-        f"ready: {len(compressed.meta.prefix_ids)}-token document compressed to {compressed.state.kv_bytes} KV "
-        "bytes; one question per line"
+        f"ready: {len(compressed.meta.prefix_ids)}-token document compressed to "
+        f"{human_bytes(compressed.state.kv_bytes)} of KV cache; one question per line"
     )
     transcript = []
     for turn, question in enumerate(questions(progress), start=1):

@@ -26,7 +26,7 @@ from cake_cli.models.fingerprint import fingerprint
 from cake_cli.models.profiles import model_spec
 from cake_cli.tasks.cachefile import FORMAT, FORMAT_VERSION, META_KEY, CacheMeta, LayerMeta, data_sha256
 from cake_cli.tasks.request import Callbacks, Plan
-from cake_cli.tasks.results import CompressResult, PrefillSummary, layer_results
+from cake_cli.tasks.results import CompressResult, PrefillSummary, human_bytes, layer_results
 from cake_cli.tasks.runner import ReadyModel, ready_model
 
 
@@ -55,7 +55,9 @@ def _layers(state: Prefilled) -> list[LayerMeta]:
 def saved_cascade(meta: CacheMeta) -> SavedCascade:
     """The per-layer statistics and final budgets the file records, for reports and decoding."""
     stats = [
-        None if m.dispersion is None else LayerStats(m.dispersion, m.shift, m.log_preference or float("-inf"))
+        None
+        if m.dispersion is None
+        else LayerStats(m.dispersion, m.shift, float("-inf") if m.log_preference is None else m.log_preference)
         for m in meta.layers
     ]
     budgets = [m.budget for m in meta.layers] if meta.evicted else None
@@ -63,6 +65,9 @@ def saved_cascade(meta: CacheMeta) -> SavedCascade:
 
 
 def build_meta(plan: Plan, ready: ReadyModel, state: Prefilled, prefix, scoring: str, probe: list[int]) -> CacheMeta:
+    """The metadata of a prefix just compressed: `state` after the cascade (probe dropped), `prefix` the
+    `templates.Prompt` of the prefix, `probe` the scoring probe's ids ([] for `end`). Bytes measured
+    from the cache tensors; the model's --model value is kept as given (a path made absolute)."""
     loaded, request, config, doc = ready.loaded, plan.request, plan.config, plan.doc
     spec = model_spec(request.model)
     spec = str(Path(spec).expanduser().resolve()) if Path(spec).expanduser().exists() else spec
@@ -152,7 +157,9 @@ def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compress
     kv = cache.kv_bytes()
     state = Prefilled(cache, saved_cascade(meta), torch.empty(0), 0.0, cache.lengths(), kv, kv)
     seconds = saved.seconds + time.perf_counter() - start
-    cb.status(f"loaded {saved.name}: {len(meta.prefix_ids)}-token prefix, KV {kv} bytes, read in {seconds:.2f} s")
+    cb.status(
+        f"loaded {saved.name}: {len(meta.prefix_ids)}-token prefix, KV {human_bytes(kv)}, read in {seconds:.2f} s"
+    )
     warnings = []
     if meta.prompt_text is not None:
         cb.warn(

@@ -44,9 +44,12 @@ def test_bench_cache_command_timing_part(cli_env):
     assert result.exit_code == 0, result.stderr
     assert "time to first answer token" in result.stdout
     data = json.loads(out.read_text())
-    timing = data["timing"]
-    assert timing["prefill_seconds"] > 0 and timing["saved_seconds"] > 0 and timing["file_bytes"] > timing["kv_bytes"]
-    assert 450 < timing["prompt_tokens"] <= 600
+    agnostic, whole = data["timing"]
+    assert (agnostic["scoring"], whole["scoring"]) == ("instruction", "question")
+    for timing in (agnostic, whole):
+        assert timing["prefill_seconds"] > 0 and timing["saved_seconds"] > 0
+        assert timing["file_bytes"] > timing["kv_bytes"] and 450 < timing["prompt_tokens"] <= 600
+    assert whole["kv_bytes"] > 3 * agnostic["kv_bytes"], "the whole prefix vs B·L tokens"
 
 
 def test_bench_cache_bad_options(cli_env):

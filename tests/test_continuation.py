@@ -17,10 +17,12 @@ from cake_cli.engine.continuation import (
     cache_tensors,
     clone_cache,
     continuation_capacity,
+    continue_and_decode,
     drop_from,
     extend,
+    extend_and_evict,
 )
-from cake_cli.engine.generate import Prefilled, decode, prefill
+from cake_cli.engine.generate import Prefilled, decode, generate, prefill
 from tests.reference import MaskedReference
 
 
@@ -156,3 +158,30 @@ def test_bad_tensors_are_refused():
             cache_from_tensors(bad, 1, 3, "cpu")
     with pytest.raises(ValueError, match="increasing"):
         cache_from_tensors(good, 1, 2, "cpu")  # position 2 is not below seen = 2
+
+
+@pytest.mark.parametrize("policy", ["fixed", "grow"])
+@pytest.mark.parametrize("split", [30, 75])
+def test_question_aware_eviction_on_a_whole_prefix_equals_one_prefill(tiny_model, policy, split):
+    """A prefix kept whole, then the rest of the prompt run with the cascade (`extend_and_evict`): the
+    same tokens kept per layer and KV head, and the same logits, as one CAKE prefill of the whole prompt."""
+    full = ids_of(90, 11)
+    config = CakeConfig(budget=24, window=6, decode_policy=policy)
+    use_cake_attention(tiny_model, "sdpa")
+    aware_logits: list[torch.Tensor] = []
+    aware = generate(tiny_model, full, config, max_new_tokens=8, step_logits=aware_logits)
+    whole = prefill(tiny_model, full[:, :split], None)
+    state = extend_and_evict(tiny_model, whole, full, config)
+    reference = prefill(tiny_model, full, config)
+    assert state.lengths == reference.lengths and state.cascade.final_budgets == reference.cascade.final_budgets
+    for got, want in zip(state.cache.layers, reference.cache.layers):
+        assert torch.equal(got.positions, want.positions)
+        torch.testing.assert_close(got.keys, want.keys, atol=1e-5, rtol=0)
+    logits: list[torch.Tensor] = []
+    forced = list(aware.token_ids)
+    result = continue_and_decode(tiny_model, whole, full, config, evict=True, forced_tokens=forced,
+                                 max_new_tokens=8, step_logits=logits)  # fmt: skip
+    assert result.evicted and whole.cache.lengths() == [split] * 4, "the whole prefix stays reusable"
+    torch.testing.assert_close(result.first_logits, aware.first_logits, atol=1e-4, rtol=0)
+    for step, (got, want) in enumerate(zip(logits, aware_logits[1:])):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0, msg=f"decode step {step}")

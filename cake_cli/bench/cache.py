@@ -38,16 +38,17 @@ from cake_cli.tasks.runner import ReadyModel, run_task
 from cake_cli.tasks.templates import load_template, render_split
 
 QUESTION = "What does the document say about the numbers that follow a decimal point?"
-VARIANTS = ("full", "aware", "end", "instruction", "end@2B", "instruction@2B")  # quality: prompt + scoring
+VARIANTS = ("full", "aware", "question", "end", "instruction", "end@2B", "instruction@2B")  # prompt + scoring
 
 
 @dataclass(frozen=True)
 class Timing:
     """Seconds to the first answer token, model loaded: prefill path vs saved cache (median)."""
 
+    scoring: str  # the .cake's (`cachefile.SCORINGS`)
     prompt_tokens: int
     prefill_seconds: float  # prefill of the whole prompt + first token
-    saved_seconds: float  # read + check + load the .cake + continuation + first token
+    saved_seconds: float  # read + check + load the .cake + continuation (+ eviction) + first token
     file_bytes: int
     kv_bytes: int  # kept KV bytes of the compressed prefix
     repeats: int
@@ -69,9 +70,9 @@ def document_file(tokenizer, text: str, tokens: int, folder: Path) -> Path:
     return path
 
 
-def first_token(ready: ReadyModel, request: TaskRequest, doc: Path, cake: Path, repeats: int) -> Timing:
-    """Compress `doc` into `cake` once, then time both paths to a first answer token `repeats` times."""
-    compressed = compress(plan(replace(request, task="compress", document=str(doc))), Callbacks(), ready)
+def first_token(ready: ReadyModel, request: TaskRequest, doc: Path, cake: Path, repeats: int, scoring: str) -> Timing:
+    """Compress `doc` into `cake` once (`scoring`), then time both paths to a first answer token `repeats` times."""
+    compressed = compress(plan(replace(request, task="compress", document=str(doc))), Callbacks(), ready, scoring)
     file_bytes = save(compressed, cake)
     ask = replace(request, task="qa", fields={"question": QUESTION}, max_new_tokens=1)
     fresh, saved = [], []
@@ -84,6 +85,7 @@ def first_token(ready: ReadyModel, request: TaskRequest, doc: Path, cake: Path, 
         answer(load(on_cake, Callbacks(), ready), on_cake, Callbacks())
         saved.append(time.perf_counter() - start)
     return Timing(
+        scoring,
         result.prompt_tokens,
         statistics.median(fresh),
         statistics.median(saved),
@@ -167,12 +169,17 @@ def quality_rows(
 
 
 def _answers(model, rec, name, budget, config, full, n, g, new) -> dict:
-    """The answers one recording gives at one budget (aware, or the agnostic cache at B and 2B)."""
+    """The answers one recording gives at one budget: aware; from the whole prefix, evicted with the
+    question (`question`); or the agnostic cache at B and 2B."""
+    out = {}
+    if name == "end":  # the prefix recorded whole: also the question-aware eviction when it is asked
+        result = continue_and_decode(model.model, replay(rec, None), full, config, evict=True, max_new_tokens=new,
+                                     stop_ids=model.stop_ids)  # fmt: skip
+        out[("question", budget)] = result.token_ids
     if name == "aware":
         state = replay(rec, config)
         result = decode(model.model, full, state, config, max_new_tokens=new, stop_ids=model.stop_ids)
         return {(name, budget): result.token_ids}
-    out = {}
     for factor, label in ((1, name), (2, f"{name}@2B")):
         cfg = replace(config, budget=config.budget * factor)
         state = without_probe(replay(rec, probe_config(cfg, g if name == "instruction" else 0)), n)

@@ -187,6 +187,14 @@ def render_inspect(r: InspectResult, console: Console) -> None:
     console.print(layer_table(r.layers, console.width))
 
 
+SCORING_TEXT = {  # CompressResult.scoring -> what the report says
+    "question": "kept whole: each task evicts it to its budget with its own question in the observation window",
+    "end": "observation window: the document's end (question-agnostic: evicted before any question)",
+    "instruction": "observation window: a question-less instruction (question-agnostic: evicted before any question)",
+    "none": "kept whole (--method full): a task may evict it with its own question and --budget",
+}
+
+
 def cache_text(c: CacheInfo) -> str:
     """The compressed prefix a run continued: loaded (bytes, prefill time saved) or compressed in this run."""
     now = f"{c.continuation_tokens}-token continuation {c.continuation_seconds:.2f} s"
@@ -194,7 +202,7 @@ def cache_text(c: CacheInfo) -> str:
     if c.path is None:
         return (
             f"document compressed in this run ({c.prefix_tokens} tokens, prefill {c.stored_prefill_seconds:.2f} s "
-            f"once, KV {human_bytes(c.kv_bytes)}, scored with the {c.scoring}) · {now} · {first}"
+            f"once, KV {human_bytes(c.kv_bytes)}, scoring: {c.scoring}) · {now} · {first}"
         )
     return (
         f"loaded {c.path} · {human_bytes(c.file_bytes or 0)} on disk, KV {human_bytes(c.kv_bytes)} · prefill "
@@ -219,7 +227,7 @@ def render_compress(r: CompressResult, console: Console) -> None:
     t = _grid()
     _row(t, "file", f"{r.path} · {human_bytes(r.file_bytes)} ({r.file_ratio:.3f}× the kept KV bytes)")
     _settings_rows(t, r, r.method)
-    _row(t, "scoring", f"observation window: the {r.scoring} (question-agnostic: no question is known yet)")
+    _row(t, "scoring", SCORING_TEXT.get(r.scoring, r.scoring))
     _kv_row(t, r, None)
     _row(t, "time", _time_text(r))
     console.print(Panel(t, title="CAKE compress", title_align="left", border_style="cyan"))

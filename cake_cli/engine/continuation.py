@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from cake_cli.engine.cache import CakeCache
-from cake_cli.engine.cascade import LayerStats
+from cake_cli.engine.cascade import CascadePrefill, LayerStats
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.generate import Prefilled, _forward, _sync, decode, prefill
+from cake_cli.engine.generate import GenerationResult, Prefilled, _forward, _sync, decode, prefill
 
 
 @dataclass(frozen=True)
@@ -168,23 +168,69 @@ def without_probe(state: Prefilled, prefix_len: int) -> Prefilled:
     return replace(state, lengths=state.cache.lengths(), kv_bytes=state.cache.kv_bytes())
 
 
-def continue_and_decode(model, state: Prefilled, input_ids: torch.Tensor, config: CakeConfig | None, **decode_options):
-    """Continue a compressed prefix with the rest of `input_ids` (`extend`, on a copy), then decode.
+def continue_and_decode(
+    model, state: Prefilled, input_ids: torch.Tensor, config: CakeConfig | None, *, evict=False, **decode_options
+) -> GenerationResult:
+    """Continue a compressed prefix with the rest of `input_ids` (on a copy), then decode.
 
     Args:
-        state: the compressed prefix (n tokens; its cascade says whether it was evicted).
+        state: the prefix (n tokens; its cascade says whether it was evicted).
         input_ids: [1, n + q] the whole prompt: the prefix's ids, then the q continuation tokens.
         config: the settings the decode policy uses (None: full cache).
+        evict: the prefix was kept whole: evict it now, with this prompt's own observation window
+            (`extend_and_evict`, question-aware); else `extend` holds the continuation on top.
         decode_options: `generate.decode`'s keywords (max_new_tokens, sampling, stop_ids, on_token, ...).
 
     Returns:
         GenerationResult; its prefill_seconds are the continuation's forward.
     """
+    if evict and config is not None:
+        cont = extend_and_evict(model, state, input_ids, config)
+        return decode(model, input_ids, cont, config, **decode_options)  # the policy's capacity, as after prefill
     n = state.cache.layers[0].seen
     cont = extend(model, state, input_ids[:, n:])
     evicting = state.cascade is not None and state.cascade.evicting
     capacity = continuation_capacity(config, evicting, cont.lengths) if config is not None else None
     return decode(model, input_ids, cont, config, capacity=capacity, **decode_options)
+
+
+@torch.inference_mode()
+def extend_and_evict(model, state: Prefilled, input_ids: torch.Tensor, config: CakeConfig, *, on_layer=None):
+    """Question-aware CAKE on a prefix kept whole: the continuation runs with the cascade (Sec. 4.2).
+
+    The prefix's last w tokens are run again together with the continuation, so the observation
+    window holds exactly the prompt's last w tokens (their queries are not saved); every layer is
+    scored from that window and the cascade evicts layer by layer during this one forward. The
+    prefix's keys and values do not depend on what follows them, so the cache equals the one a
+    prefill of the whole prompt leaves (Thm. 1 covers the order of the evictions).
+
+    Args:
+        state: a prefix of n tokens that was never evicted (a copy is used).
+        input_ids: [1, n + q] the whole prompt.
+        config: CAKE settings of this task (budget, window, taus).
+
+    Returns:
+        Prefilled of the whole prompt: the evicted cache, the cascade, the next-token logits, the
+        forward's seconds and the peak KV bytes held meanwhile.
+
+    Raises:
+        ValueError: the prefix was evicted, or the prompt does not extend it.
+    """
+    n, total = state.cache.layers[0].seen, input_ids.shape[1]
+    if any(layer.live() != n for layer in state.cache.layers) or total <= n:
+        raise ValueError("question-aware eviction needs a prefix kept whole and a prompt longer than it")
+    start = max(n - config.window, 0)  # re-run the prefix's last w tokens: the window's queries
+    cache = clone_cache(state.cache)
+    drop_from(cache, start)
+    cascade = CascadePrefill(config, len(cache.layers), total, on_layer)
+    cache.policy = cascade
+    _sync(input_ids.device)
+    began = time.perf_counter()
+    logits = _forward(model, cache, input_ids[:, start:], start, None)
+    _sync(input_ids.device)
+    seconds = time.perf_counter() - began
+    cache.full_bytes = token_bytes(cache) * total
+    return Prefilled(cache, cascade, logits, seconds, cache.lengths(), cache.kv_bytes(), cache.peak_bytes)
 
 
 def cache_tensors(cache: CakeCache) -> dict[str, torch.Tensor]:

@@ -28,8 +28,8 @@ FORMAT = "cake-cli-cache"
 FORMAT_VERSION = 1
 SUFFIX = ".cake"
 META_KEY = "cake_cli"
-SCORINGS = ("end", "instruction")  # what fills the observation window when compressing (`tasks.compressed`)
-DEFAULT_SCORING = "instruction"  # the better on the retrieval benchmark (benchmarks/cache.md)
+SCORINGS = ("question", "end", "instruction")  # what fills the observation window (`tasks.compressed`)
+DEFAULT_SCORING = "question"  # the only one that keeps question-aware quality (benchmarks/cache.md)
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class CacheMeta:
     gamma: float | None
     pool_kind: str | None
     pool_kernel: int | None
-    scoring: str  # what filled the observation window: "end" or "instruction" (`tasks.compressed`)
+    scoring: str  # "question" (kept whole, scored when asked), "end" or "instruction"; "none" for --method full
     probe_ids: list[int]  # the instruction's tokens scored with the document, then dropped
     evicted: bool
     layers: list[LayerMeta]
@@ -86,6 +86,12 @@ class CacheMeta:
     kv_bytes_full: int  # the prefix's full cache
     kv_peak: int  # largest total during that prefill
     data_sha256: str = ""  # of the safetensors data section (filled in when saving)
+
+    @property
+    def whole(self) -> bool:
+        """The prefix was kept whole (scoring "question", or --method full): every task evicts it with
+        its own question in the observation window, at its own budget, method and window."""
+        return self.scoring == "question" or self.method == "full"
 
     @property
     def used_text(self) -> str:

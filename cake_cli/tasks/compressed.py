@@ -1,22 +1,28 @@
 """Compress a document once, answer many tasks on it: `cake compress`, .cake inputs, `cake chat`, `qa -q`.
 
 The prefix every chat task shares (the chat template's opening and the document block,
-`templates.DOCUMENT_BLOCK`) is prefilled once with the CAKE cascade and evicted; a task then runs
-only its own suffix (instruction, question, end of turn) as a continuation on a copy of that cache
-(`engine.continuation.extend`) and decodes. From a .cake file or from the cache compressed in this
-process, the same code runs on bit-identical tensors, so the answers are token-identical.
+`templates.DOCUMENT_BLOCK`) is prefilled once (kept whole, or evicted with the CAKE cascade, see
+below); a task then runs only its own suffix (instruction, question, end of turn) as a
+continuation on a copy of that cache (`engine.continuation`) and decodes. From a .cake file or
+from the cache compressed in this process, the same code runs on bit-identical tensors, so the
+answers are token-identical.
 
-Question-agnostic scoring: when the prefix is compressed no question is known, so the observation
-window cannot hold one (the paper, like SnapKV, scores with the question inside it). `SCORINGS`:
+When is the document scored? The paper, like SnapKV, scores tokens with the question inside the
+observation window. `cachefile.SCORINGS`:
 
-- ``end``: the window is the last w tokens of the prefix (the end of the document block);
-- ``instruction``: the qa template's own instruction with an empty question, and the chat template's
-  end of turn (its last w tokens at most), is appended to the prefix for scoring only: it fills the
-  observation window, then its g tokens are dropped from the cache. The budget is raised by g while
-  compressing, so the document keeps B·L tokens as with ``end``.
+- ``question`` (the default): the prefix is prefilled once and kept whole; each task runs its
+  continuation with the CAKE cascade (`engine.continuation.extend_and_evict`), its own question in
+  the window, and evicts to its budget then. The cache equals the one a prefill of the whole prompt
+  leaves, so answers keep the question-aware quality; the file holds the full KV cache of the prefix.
+- ``end`` (question-agnostic): the window is the last w tokens of the prefix (the end of the
+  document block); the prefix is evicted once and the file holds B·L tokens.
+- ``instruction`` (question-agnostic): the qa template's own instruction with an empty question, and
+  the chat template's end of turn (its last w tokens at most), is appended to the prefix for scoring
+  only: it fills the observation window, then its g tokens are dropped from the cache. The budget is
+  raised by g while compressing, so the document keeps B·L tokens as with ``end``.
 
-`DEFAULT_SCORING` is the better of the two on the quality benchmark's retrieval tasks
-(`cake_cli.bench.cache`, benchmarks/cache.md); both are in `cachefile.SCORINGS`.
+On the retrieval benchmark (`cake_cli.bench.cache`, benchmarks/cache.md) both agnostic scorings
+lose most of the question-aware score, even at twice the budget; hence the default.
 
 Chat memory: every turn starts again from the compressed document (each turn's question and answer
 are dropped after it), so memory never grows past the document's cache plus one turn, and a turn's
@@ -77,17 +83,18 @@ def compress(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None, scoring
         if config and scoring == "instruction"
         else []
     )
-    n = len(prefix.input_ids)
-    if config is not None and n <= config.budget:
+    n, whole = len(prefix.input_ids), scoring == "question"
+    if config is not None and n <= config.budget and not whole:
         cb.warn(
             warnings,
             f"the budget ({config.budget}) is not smaller than the document prefix ({n} tokens): nothing is evicted",
         )
     ids = torch.tensor([list(prefix.input_ids)], device=loaded.device)  # [1, n]
     probe_t = torch.tensor([probe], device=loaded.device) if probe else None  # [1, g]
-    cb.status(f"compress: {n} tokens through {loaded.model.config.num_hidden_layers} layers, scored with the {scoring}")
+    how = "kept whole: each question evicts it when asked" if whole else f"scored with the {scoring}"
+    cb.status(f"compress: {n} tokens through {loaded.model.config.num_hidden_layers} layers, {how}")
     try:
-        state = compress_prefix(loaded.model, ids, config, probe_ids=probe_t, on_layer=cb.on_layer)
+        state = compress_prefix(loaded.model, ids, None if whole else config, probe_ids=probe_t, on_layer=cb.on_layer)
     except NonFiniteError as exc:
         raise CakeError(
             f"{exc} with --dtype {loaded.dtype}".replace("torch.", ""), "use --dtype bfloat16 or float32"
@@ -157,7 +164,15 @@ def answer(compressed: Compressed, plan: Plan, cb: Callbacks | None = None) -> R
             if on_token is not None:
                 on_token(token)
 
-        out = continue_and_decode(model, compressed.state, input_ids, prep.config, on_token=first, **decode_options)
+        out = continue_and_decode(
+            model,
+            compressed.state,
+            input_ids,
+            prep.config,
+            evict=compressed.meta.whole,
+            on_token=first,
+            **decode_options,
+        )
         timing["continuation"] = out.prefill_seconds
         return out
 

@@ -183,7 +183,7 @@ def plan(request: TaskRequest, cb: Callbacks | None = None) -> Plan:
         template, request.truncate, request.fields if request.task != COMPRESS else dict.fromkeys(template.fields, "-")
     )
     profile = check_model_spec(request.model)  # an unknown name or missing path fails here, before torch
-    if saved is not None:
+    if saved is not None and not saved.meta.whole:
         config, tau_rule = saved_config(saved.meta, request.decode_policy), f"saved in {saved.name}"
     else:
         config, tau_rule = cake_config_for(profile, request)

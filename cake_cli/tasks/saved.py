@@ -1,9 +1,11 @@
 """A task request on a .cake file, checked against the file before torch loads (light).
 
-The prefill-time settings of a saved cache are fixed: the model (and its dtype), the method, the
-budget and the observation window. A request leaves them unset (None, or `--dtype auto`) to take
-the file's, or gives the same values; anything else contradicts the file and is a usage error
-naming the fix. Decoding settings (decode policy, sampling, --max-new-tokens) stay free.
+The model (and its dtype) of a saved cache are fixed. So are the method, the budget and the
+observation window of a prefix already evicted (scoring "end" / "instruction"): a request leaves
+them unset (None, or `--dtype auto`) to take the file's, or gives the same values; anything else
+contradicts the file and is a usage error naming the fix. A prefix kept whole (scoring
+"question", or --method full) is evicted when the question is asked: there the task's own budget,
+method and window apply (the file's by default). Decoding settings stay free.
 """
 
 from __future__ import annotations
@@ -83,6 +85,18 @@ def settle(request: TaskRequest, saved: SavedCache) -> TaskRequest:
     dtype = check_dtype(request.dtype)
     if dtype is not None and dtype != meta.dtype:
         raise _contradiction(saved, "--dtype", dtype, meta.dtype)
+    if meta.whole:  # evicted when the question is asked: the task's own settings, the file's by default
+        given = any(x is not None for x in (request.method, request.allocation, request.indicator))
+        return replace(
+            request,
+            model=model,
+            dtype=meta.dtype,
+            method=request.method or meta.method,
+            allocation=request.allocation if given else meta.allocation,
+            indicator=request.indicator if given else meta.indicator,
+            budget=request.budget if request.budget is not None else meta.budget,
+            window=request.window if request.window is not None else meta.window,
+        )
     stored_pair = None if meta.method == FULL else (meta.allocation, meta.indicator)
     if request.method is not None or request.allocation is not None or request.indicator is not None:
         given = request.method or meta.method

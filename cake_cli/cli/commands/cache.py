@@ -33,8 +33,9 @@ Scoring = Annotated[
     typer.Option(
         "--scoring",
         metavar="|".join(SCORINGS).upper(),
-        help="What fills CAKE's observation window while no question is known: end = the last w document "
-        "tokens; instruction = a question-less instruction appended for scoring only, then dropped.",
+        help="When the document is scored: question = keep the prefix whole and let each question evict it "
+        "(question-aware quality, full-size file); end / instruction = evict now, question-agnostic (B·L tokens "
+        "on disk), with the window holding the document's last w tokens / a question-less instruction.",
     ),
 ]
 

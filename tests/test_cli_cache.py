@@ -269,6 +269,8 @@ def test_full_cache_and_end_scoring(doc, cli_env):
     assert made[0]["file_bytes"] > 3 * made[1]["file_bytes"]
     answers = [json.loads(invoke("qa", path, QUESTIONS[0], "-n", "6", "--json").stdout) for path in (full, end)]
     assert answers[0]["method"] == "full" and answers[0]["cache"]["kv_bytes"] == made[0]["kv_bytes_kept"]
+    evicted_now = json.loads(invoke("qa", full, QUESTIONS[0], "-n", "6", "-b", "64", "--json").stdout)
+    assert evicted_now["method"] == "cake" and evicted_now["evicted"], "a --budget evicts a full file with the question"
     assert answers[1]["cache"]["scoring"] == "end"
     q = answers[1]["cache"]["continuation_tokens"]
     assert [(r["budget"], r["kept"]) for r in answers[1]["layers"]] == [

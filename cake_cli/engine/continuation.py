@@ -29,6 +29,19 @@ from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import GenerationResult, Prefilled, _forward, _sync, decode, prefill
 
 
+class DeferredCascade(CascadePrefill):
+    """The cascade's statistics and stage budgets (Eqs. 7-10, Prop. 1 rounding) layer by layer, but
+    each layer is evicted once, with its final budget, after the last layer has been scored. For a
+    prefix already whole in memory the cascade's peak-memory saving is moot, and Thm. 1 says one
+    eviction with the final budgets keeps the same tokens as evicting at every stage; it saves
+    re-gathering every layer at every stage (L²/2 gathers down to L)."""
+
+    def evict_layer(self, cache, layer_idx: int, budget: int) -> None:
+        """Evict only at the last stage (`CascadePrefill.evict_layer`); earlier stages record budgets."""
+        if len(self.stages) == self.num_layers:
+            super().evict_layer(cache, layer_idx, budget)
+
+
 @dataclass(frozen=True)
 class SavedCascade:
     """What a finished cascade leaves for reports and decoding, rebuilt from a saved cache: the
@@ -200,8 +213,8 @@ def extend_and_evict(model, state: Prefilled, input_ids: torch.Tensor, config: C
 
     The prefix's last w tokens are run again together with the continuation, so the observation
     window holds exactly the prompt's last w tokens (their queries are not saved); every layer is
-    scored from that window and the cascade evicts layer by layer during this one forward. The
-    prefix's keys and values do not depend on what follows them, so the cache equals the one a
+    scored from that window during this one forward and evicted once at its end (`DeferredCascade`).
+    The prefix's keys and values do not depend on what follows them, so the cache equals the one a
     prefill of the whole prompt leaves (Thm. 1 covers the order of the evictions).
 
     Args:
@@ -222,7 +235,7 @@ def extend_and_evict(model, state: Prefilled, input_ids: torch.Tensor, config: C
     start = max(n - config.window, 0)  # re-run the prefix's last w tokens: the window's queries
     cache = clone_cache(state.cache)
     drop_from(cache, start)
-    cascade = CascadePrefill(config, len(cache.layers), total, on_layer)
+    cascade = DeferredCascade(config, len(cache.layers), total, on_layer)
     cache.policy = cascade
     _sync(input_ids.device)
     began = time.perf_counter()

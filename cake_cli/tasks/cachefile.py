@@ -125,6 +125,7 @@ class SavedCache:
 
     @property
     def name(self) -> str:
+        """The file's name, for messages."""
         return self.path.name
 
 

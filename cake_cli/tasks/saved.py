@@ -91,7 +91,7 @@ def settle(request: TaskRequest, saved: SavedCache) -> TaskRequest:
             request,
             model=model,
             dtype=meta.dtype,
-            method=request.method or meta.method,
+            method=request.method or ("cake" if meta.method == FULL and request.budget is not None else meta.method),
             allocation=request.allocation if given else meta.allocation,
             indicator=request.indicator if given else meta.indicator,
             budget=request.budget if request.budget is not None else meta.budget,
@@ -119,10 +119,7 @@ def settle(request: TaskRequest, saved: SavedCache) -> TaskRequest:
 
 
 def saved_config(meta: CacheMeta, decode_policy: str) -> CakeConfig:
-    """The CakeConfig the file was compressed with, decoding with `decode_policy`; --method full gets
-    a config too (never used to evict: `Plan.evicts` is False)."""
-    if meta.method == FULL:
-        return CakeConfig(budget=max(len(meta.prefix_ids), 1), window=1, decode_policy="grow")
+    """The CakeConfig an evicted prefix (`not meta.whole`) was compressed with, decoding with `decode_policy`."""
     return CakeConfig(
         budget=meta.budget,
         window=meta.window,

@@ -152,7 +152,7 @@ def test_method_full_reports_the_full_cache_only(doc):
 def test_qa_truncate_error_exits_1(cli_env):
     long_doc = cli_env / "long.txt"
     long_doc.write_text(license_text() * 2, encoding="utf-8")  # over tiny-test's 1500-token limit
-    one_error_line(invoke("qa", long_doc, "Who?", *TINY, "--truncate", "error", "-q"), 1, "limit")
+    one_error_line(invoke("qa", long_doc, "Who?", *TINY, "--truncate", "error", "--quiet"), 1, "limit")
     result = invoke("qa", long_doc, "Who?", *TINY, "-n", "2", "--json")
     assert result.exit_code == 0
     data = json.loads(result.stdout)

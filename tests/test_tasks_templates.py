@@ -137,3 +137,44 @@ def test_complete_prompt_is_raw_and_ends_in_the_code(tokenizer):
     code = "def f(x):\n    return x + 1\n\nprint(f(2))"
     text = decoded(tokenizer, build_prompt(tokenizer, load_template("complete"), code, max_prompt_tokens=1000))
     assert text == "Please complete the code given below.\n" + code  # no chat markers, no final newline
+
+
+CHAT_TASKS = ("qa", "summarize", "needle")
+
+
+def test_chat_tasks_share_one_prefix_and_split_tokenization_changes_no_id(tokenizer):
+    """Every chat task starts with the document block, so one compressed prefix serves them all; the
+    split (prefix ids + suffix ids) gives exactly the ids of the unsplit prompt."""
+    document = license_text()[:3000]
+    prefixes = set()
+    for name in (*CHAT_TASKS, "bench_needle", "bench_qa", "complete"):
+        template = load_template(name)
+        fields = {f: QUESTION for f in template.fields}
+        prefix, suffix = tasks.render_split(tokenizer, template, document, **fields)
+        user = template.user.format(document=document, **fields)
+        if template.chat:
+            messages = [{"role": "user", "content": user}]
+            whole = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+            whole = list(whole["input_ids"])
+        else:
+            whole = tokenizer(user)["input_ids"]
+        assert prefix + suffix == whole, name
+        prompt = build_prompt(tokenizer, template, document, max_prompt_tokens=10**6, **fields)
+        assert prompt.prefix_tokens == len(prefix) and list(prompt.input_ids) == whole
+        if name in CHAT_TASKS:
+            assert template.user.startswith(tasks.DOCUMENT_BLOCK.split("{document}")[0] + "{document}")
+            assert template.user[: tasks.split_at(template)] == tasks.DOCUMENT_BLOCK
+            prefixes.add(tuple(prefix))
+            assert suffix and tokenizer.decode(prefix).endswith("</document>\n\n")
+    assert len(prefixes) == 1
+    complete = load_template("complete")
+    assert tasks.split_at(complete) == len(complete.user), "raw code completion has no shared prefix"
+
+
+def test_build_prefix_truncates_the_document_to_fit(tokenizer):
+    template = load_template("qa")
+    prefix = tasks.build_prefix(tokenizer, template, license_text(), max_prompt_tokens=300, truncate="middle")
+    assert len(prefix.input_ids) <= 300 and prefix.prefix_tokens == len(prefix.input_ids) and prefix.truncated
+    assert " … " in prefix.document_text
+    again = build_prompt(tokenizer, template, prefix.document_text, max_prompt_tokens=10**6, question=QUESTION)
+    assert list(again.input_ids[: prefix.prefix_tokens]) == list(prefix.input_ids)

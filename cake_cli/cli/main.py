@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import cake_cli.cli.commands.tasks  # noqa: F401 - registered first, so the task commands lead `cake --help`
 from cake_cli.cli.app import app
-from cake_cli.cli.commands import batch, bench, bench_speed, info, inspect  # noqa: F401 - registers the other commands
+from cake_cli.cli.commands import (  # noqa: F401 - registers the other commands
+    batch,
+    bench,
+    bench_cache,
+    bench_speed,
+    cache,
+    info,
+    inspect,
+)
 
 __all__ = ["app", "main"]
 

@@ -20,8 +20,7 @@ from cake_cli.engine.allocation import ALLOCATIONS
 from cake_cli.engine.config import DECODE_POLICIES
 from cake_cli.engine.indicators import INDICATORS
 from cake_cli.engine.methods import METHODS
-
-DEFAULT_BUDGET = 1024  # tokens per layer, window included: the design card's `--budget 1024`
+from cake_cli.tasks.request import DEFAULT_BUDGET
 
 # The flag of each engine setting (`engine.config.ConfigError.field`), for error messages.
 FLAGS = {
@@ -48,7 +47,7 @@ def _flag(*names: str, help: str) -> typer.models.OptionInfo:
 
 # ---- arguments --------------------------------------------------------------------------------
 
-_DOC = "A PDF, a text file, or '-' for stdin"
+_DOC = "A PDF, a text file, a .cake file from `cake compress`, or '-' for stdin"
 Document = Annotated[str | None, _argument(f"{_DOC} (default: stdin when piped).", "DOCUMENT")]
 RequiredDocument = Annotated[str, _argument(f"{_DOC}.", "DOCUMENT")]
 SourceFile = Annotated[
@@ -92,12 +91,14 @@ Model = Annotated[
     ),
 ]
 Budget = Annotated[
-    int,
+    int | None,
     typer.Option(
         "--budget",
         "-b",
         metavar="TOKENS",
-        help="KV cache budget B: tokens per layer on average, window included (B·L cache slots in all).",
+        show_default=False,
+        help="KV cache budget B: tokens per layer on average, window included (B·L cache slots in all). "
+        f"Default: {DEFAULT_BUDGET}, or a .cake file's own.",
     ),
 ]
 Window = Annotated[
@@ -157,12 +158,13 @@ Password = Annotated[
     str | None, typer.Option("--password", metavar="TEXT", show_default=False, help="Password of an encrypted PDF.")
 ]
 Method = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--method",
         metavar="NAME",
+        show_default=False,
         help=f"KV eviction method: {', '.join(m for m in METHODS if m != 'full')}, or full (no eviction); "
-        "also any allocation+indicator pairing, e.g. cake+snapkv.",
+        "also any allocation+indicator pairing, e.g. cake+snapkv. Default: cake, or a .cake file's own.",
     ),
 ]
 Allocation = Annotated[
@@ -232,9 +234,9 @@ class PrefillOptions:
     """The options of every command that prefills a document (field name = parameter name)."""
 
     model: Model = None
-    budget: Budget = DEFAULT_BUDGET
+    budget: Budget = None  # None: DEFAULT_BUDGET, or a .cake file's own
     window: Window = None
-    method: Method = "cake"
+    method: Method = None  # None: cake, or a .cake file's own
     allocation: Allocation = None
     indicator: Indicator = None
     dtype: Dtype = "auto"

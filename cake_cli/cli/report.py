@@ -14,7 +14,16 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cake_cli.tasks.results import InspectResult, LayerResult, Location, PrefillSummary, RunResult, human_bytes
+from cake_cli.tasks.results import (
+    CacheInfo,
+    CompressResult,
+    InspectResult,
+    LayerResult,
+    Location,
+    PrefillSummary,
+    RunResult,
+    human_bytes,
+)
 
 BAR_WIDTH = 30
 STOPS = {  # GenerationResult.stop_reason -> what the report says
@@ -111,6 +120,8 @@ def summary_table(r: RunResult) -> Table:
     _row(t, "time", f"{_time_text(r)} · decode {r.decode_tokens_per_second:.1f} tok/s over {r.decode_steps} steps")
     _row(t, "threads", _threads_text(r))
     _row(t, "output", f"{r.generated_tokens} tokens, stopped by {STOPS.get(r.stop_reason, r.stop_reason)}")
+    if r.cache is not None:
+        _row(t, "saved cache", cache_text(r.cache))
     if r.task == "needle":
         t.add_row("location", location_text(r.location))
     return t
@@ -186,3 +197,51 @@ def render_inspect(r: InspectResult, console: Console) -> None:
     """Print the layer inspector's view (stdout in the CLI: it is the command's answer)."""
     console.print(Panel(inspect_summary(r), title="CAKE layer inspector", title_align="left", border_style="cyan"))
     console.print(layer_table(r.layers, console.width))
+
+
+SCORING_TEXT = {  # CompressResult.scoring -> what the report says
+    "question": "kept whole: each task evicts it to its budget with its own question in the observation window",
+    "end": "observation window: the document's end (question-agnostic: evicted before any question)",
+    "instruction": "observation window: a question-less instruction (question-agnostic: evicted before any question)",
+    "none": "kept whole (--method full): a task may evict it with its own question and --budget",
+}
+
+
+def cache_text(c: CacheInfo) -> str:
+    """The compressed prefix a run continued: loaded (bytes, prefill time saved) or compressed in this run."""
+    now = f"{c.continuation_tokens}-token continuation {c.continuation_seconds:.2f} s"
+    first = f"first answer token after {c.first_token_seconds:.2f} s"
+    if c.path is None:
+        return (
+            f"document compressed in this run ({c.prefix_tokens} tokens, prefill {c.stored_prefill_seconds:.2f} s "
+            f"once, KV {human_bytes(c.kv_bytes)}, scoring: {c.scoring}) · {now} · {first}"
+        )
+    return (
+        f"loaded {c.path} · {human_bytes(c.file_bytes or 0)} on disk, KV {human_bytes(c.kv_bytes)} · prefill "
+        f"{c.stored_prefill_seconds:.2f} s stored vs {c.read_seconds + c.continuation_seconds:.2f} s now (read "
+        f"{c.read_seconds:.2f} s + {now}): {c.prefill_saved_seconds:.2f} s saved · {first}"
+    )
+
+
+def turn_line(turn: int, r: RunResult) -> Text:
+    """One chat turn's numbers (stderr)."""
+    first = f" · first token {r.cache.first_token_seconds:.2f} s" if r.cache else ""
+    return Text(
+        f"turn {turn}: {r.generated_tokens} tokens{first} · decode {r.decode_tokens_per_second:.1f} tok/s · "
+        f"KV {human_bytes(r.kv_bytes_final)} (memory back to {human_bytes(r.cache.kv_bytes if r.cache else 0)} "
+        "for the next turn)",
+        style="dim",
+    )
+
+
+def render_compress(r: CompressResult, console: Console) -> None:
+    """The report of `cake compress` (stderr): settings, KV memory, the file, the layer chart."""
+    t = _grid()
+    _row(t, "file", f"{r.path} · {human_bytes(r.file_bytes)} ({r.file_ratio:.3f}× the kept KV bytes)")
+    _settings_rows(t, r, r.method)
+    _row(t, "scoring", SCORING_TEXT.get(r.scoring, r.scoring))
+    _kv_row(t, r, None)
+    _row(t, "time", _time_text(r))
+    console.print(Panel(t, title="CAKE compress", title_align="left", border_style="cyan"))
+    if r.budget is not None:
+        console.print(layer_table(r.layers, console.width))

@@ -7,37 +7,25 @@ import json
 import sys
 from pathlib import Path
 
+from cake_cli.cli import sessions
 from cake_cli.cli.options import PrefillOptions, TaskOptions
 from cake_cli.cli.progress import StderrProgress, console
 from cake_cli.cli.report import render, render_inspect
+from cake_cli.cli.stream import AnswerStream
 from cake_cli.files import write_atomic
 from cake_cli.tasks.inspect import inspect_layers
 from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.runner import run_task
 
 
-class AnswerStream:
-    """Streams answer text to stdout, keeping track of an unfinished line."""
-
-    def __init__(self):
-        self.open_line = False
-
-    def text(self, piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-        self.open_line = True
-
-    def end_line(self) -> None:
-        """End the answer's line, so a terminal shows what follows on a line of its own."""
-        if self.open_line:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-            self.open_line = False
-
-
-def run_and_report(plan: Plan, opts: TaskOptions, progress: StderrProgress, output: Path | None) -> None:
+def run_and_report(plans: list[Plan], opts: TaskOptions, progress: StderrProgress, output: Path | None) -> None:
     """Run a task, stream its answer to stdout (or print JSON), print the report on stderr; with
-    `output`, also write the answer (or the JSON) to that file atomically once it is complete."""
+    `output`, also write the answer (or the JSON) to that file atomically once it is complete.
+    Several plans (qa -q) or a .cake input continue a compressed prefix (`cli.sessions`)."""
+    if len(plans) > 1 or plans[0].saved is not None:
+        sessions.answer_and_report(plans, opts, progress, output)
+        return
+    plan = plans[0]
     stream = AnswerStream()
 
     def on_warning(message: str) -> None:

@@ -6,6 +6,8 @@ Public API (loaded lazily, so `import cake_cli.engine.methods` stays free of tor
 - switching a model: `use_cake_attention`, `default_backend`, `BACKENDS`; the family contract
   `FAMILIES`, `check_model`, `attention_layout` (local sliding layers, limits), `UnsupportedModelError`
 - running: `prefill`, `decode`, `generate` -> `GenerationResult`; `record` / `replay` for grids
+- a compressed prefix continued many times: `extend`, `continue_and_decode`; the cache as flat
+  tensors for a file: `cache_tensors`, `cache_from_tensors` (module `continuation`)
 - registries: `METHODS` (with `resolve`, `with_method`), `ALLOCATIONS`, `INDICATORS`
 - the cache: `CakeCache`, `NonFiniteError`
 """
@@ -30,6 +32,10 @@ _EXPORTS = {
     "decode": "generate",
     "generate": "generate",
     "GenerationResult": "generate",
+    "extend": "continuation",
+    "continue_and_decode": "continuation",
+    "cache_tensors": "continuation",
+    "cache_from_tensors": "continuation",
     "record": "replay",
     "replay": "replay",
     "METHODS": "methods",

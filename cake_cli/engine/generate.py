@@ -196,6 +196,7 @@ def decode(
     forced_tokens: list[int] | None = None,
     stop_on_repetition: bool = False,
     stop_when: Callable[[list[int]], bool] | None = None,
+    capacity: list[int] | None = None,
 ) -> GenerationResult:
     """Decode token by token at true positions n, n+1, ... after `prefill` (or `replay.replay`),
     with the configured decode policy (spec §4).
@@ -215,12 +216,14 @@ def decode(
             stop reason "repetition".
         stop_when: called with the tokens so far after each one; True ends decoding (stop reason
             "complete": the caller has what it needs, e.g. enough lines of code).
+        capacity: [L] tokens per layer the `fixed` policy keeps; default `decode_capacity` (a
+            continuation after a compressed prefix passes its own, `continuation.continuation_capacity`).
 
     Returns:
         GenerationResult.
     """
     cache, logits, n, device = state.cache, state.logits, input_ids.shape[1], input_ids.device
-    decode_policy = _decode_policy(config, state)
+    decode_policy = _decode_policy(config, state, capacity)
     cache.policy = decode_policy
     cache.tracking_peak = False
 
@@ -265,12 +268,13 @@ def decode(
     return _result(state, n, tokens, stop_reason, times, decode_policy)
 
 
-def _decode_policy(config: CakeConfig | None, state: Prefilled):
-    """The decode policy of `config` for a prefilled state (None: full cache, nothing evicted)."""
+def _decode_policy(config: CakeConfig | None, state: Prefilled, capacity: list[int] | None = None):
+    """The decode policy of `config` for a prefilled state (None: full cache, nothing evicted);
+    `capacity` overrides the `fixed` policy's per-layer sizes (`decode_capacity`)."""
     if config is None:
         return None
     if config.decode_policy == "fixed":
-        return FixedDecode(config, decode_capacity(config, state.cascade, state.lengths))
+        return FixedDecode(config, capacity or decode_capacity(config, state.cascade, state.lengths))
     return GrowDecode()
 
 

@@ -17,6 +17,7 @@ import torch
 from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.cascade import CascadePrefill
 from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.continuation import clone_cache
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled, _forward, _sync
 from cake_cli.engine.window import window_attention
@@ -71,12 +72,7 @@ def replay(rec: Recording, config: CakeConfig | None) -> Prefilled:
         ValueError: `config.window` differs from the recording's window.
     """
     num_layers = len(rec.cache.layers)
-    cache = CakeCache(num_layers, windows=rec.cache.windows)
-    for src, dst in zip(rec.cache.layers, cache.layers):
-        dst.lazy_initialization(src.keys, src.values)
-        dst.keys, dst.values = src.keys.clone(), src.values.clone()
-        dst.positions, dst.seen = src.positions.clone(), src.seen
-    cache.full_bytes = rec.cache.full_bytes
+    cache = clone_cache(rec.cache)
     cascade = None
     start = time.perf_counter()
     if config is not None:

@@ -17,14 +17,19 @@ from cake_cli.engine.methods import FULL, resolve
 from cake_cli.errors import UsageError
 from cake_cli.models.dtypes import check_dtype
 from cake_cli.models.profiles import Profile, check_model_spec
+from cake_cli.tasks.cachefile import SavedCache, is_cache_path, read_saved
 from cake_cli.tasks.code import DEFAULT_LINES, check_at_line, check_lines, context_before, max_new_tokens_for
 from cake_cli.tasks.documents import Document, load_document
+from cake_cli.tasks.saved import saved_config, saved_document, settle
 from cake_cli.tasks.templates import Template, check_inputs, load_template
 
 DEFAULT_WINDOW, DEFAULT_GAMMA, DEFAULT_POOL = 32, 200.0, ("avg", 5)  # the CAKE authors' defaults (spec §5)
 INSPECT_TEMPLATE = "summarize"  # whose prompt `cake inspect-layers` prefills: the window holds its instruction
 SAMPLE_NAME = "gull-rock.txt"  # packaged sample document (an original short story, ~1,600 tokens)
 ATTENTIONS = ("auto", "sdpa", "eager", "flash_attention_2")
+DEFAULT_BUDGET, DEFAULT_METHOD = 1024, "cake"  # tokens per layer, window included: the design card's `--budget 1024`
+COMPRESS = "compress"  # `cake compress`'s task: the shared prefix of PREFIX_TEMPLATE, no generation
+PREFIX_TEMPLATE = "qa"  # whose prefix `cake compress` saves (every chat task template starts with the same block)
 
 
 def sample_document() -> Path:
@@ -40,7 +45,7 @@ class TaskRequest:
     document: str  # path or "-"
     fields: dict[str, str] = field(default_factory=dict)  # template fields, e.g. question
     model: str | None = None
-    budget: int = 1024
+    budget: int | None = None  # None: DEFAULT_BUDGET, or a .cake file's own
     window: int | None = None
     decode_policy: str = "fixed"
     dtype: str = "auto"
@@ -51,7 +56,7 @@ class TaskRequest:
     no_repeat_ngram_size: int | None = None  # None: the template's default
     truncate: str = "middle"
     password: str | None = None
-    method: str = "cake"  # a `methods.resolve` name; "full" evicts nothing
+    method: str | None = None  # a `methods.resolve` name; "full" evicts nothing (None: cake, or a .cake's own)
     allocation: str | None = None  # override the method's allocation (paper Sec. 5.5)
     indicator: str | None = None  # override the method's indicator
     at_line: int | None = None  # code completion: the context is the document up to this 1-based line
@@ -93,6 +98,7 @@ class Plan:
     text: str  # the document text the prompt uses (cut at --at for code completion)
     max_new_tokens: int  # generation allowance, tokens
     warnings: tuple[str, ...]  # shown as they happened; the result carries them too
+    saved: SavedCache | None = None  # the .cake file given in place of a document (checked)
 
     @property
     def evicts(self) -> bool:
@@ -110,24 +116,25 @@ def cake_config_for(profile: Profile | None, request: TaskRequest) -> tuple[Cake
         ConfigError: budget, window, method, allocation, indicator or decode policy out of range; a
             budget not above the window (it would keep the window only).
     """
+    budget = DEFAULT_BUDGET if request.budget is None else request.budget
     if profile is None:
         tau1, tau2, rule = 1.0, 1.0, "no profile: default 1.0"
         window, gamma, pool = DEFAULT_WINDOW, DEFAULT_GAMMA, DEFAULT_POOL
     else:
-        choice = profile.taus_for(request.budget) if request.budget > 0 else None
+        choice = profile.taus_for(budget) if budget > 0 else None
         tau1, tau2, rule = (choice.tau1, choice.tau2, choice.rule) if choice else (1.0, 1.0, "")
         window, gamma, pool = profile.window, profile.gamma, (profile.pooling.kind, profile.pooling.kernel)
-    pair = resolve(request.method, request.allocation, request.indicator) or ("cake", "cake")
+    pair = resolve(request.method or DEFAULT_METHOD, request.allocation, request.indicator) or ("cake", "cake")
     window = request.window if request.window is not None else window
-    if 0 < request.budget <= window:  # the engine allows it, but a task keeping only the window is useless
+    if 0 < budget <= window:  # the engine allows it, but a task keeping only the window is useless
         raise ConfigError(
             "budget",
-            f"{{budget}} {request.budget} is not above the {window}-token observation window: it would keep no "
+            f"{{budget}} {budget} is not above the {window}-token observation window: it would keep no "
             "document token outside it",
             f"raise {{budget}} above {window} (e.g. {{budget}} {max(4 * window, 64)}) or lower {{window}}",
         )
     config = CakeConfig(
-        budget=request.budget,
+        budget=budget,
         window=window,
         tau1=tau1,
         tau2=tau2,
@@ -164,23 +171,35 @@ def check_request(request: TaskRequest) -> None:
 
 
 def plan(request: TaskRequest, cb: Callbacks | None = None) -> Plan:
-    """Check a request and read its document; no model is loaded.
+    """Check a request and read its document (or the .cake file given in its place); no model is loaded.
 
     Raises:
-        UsageError / ConfigError: a bad option (before the document is read).
-        CakeError: a bad template, profile or document (one line with a hint).
+        UsageError / ConfigError: a bad option (before the document is read), or one that
+            contradicts the .cake file.
+        CakeError: a bad template, profile or document, or a truncated/corrupt/foreign .cake
+            (one line with a hint).
     """
     cb = cb or Callbacks()
     check_request(request)
-    template = load_template(request.task)
-    check_inputs(template, request.truncate, request.fields)
+    saved = read_saved(request.document) if is_cache_path(request.document) else None
+    if saved is not None:
+        request = settle(request, saved)
+    template = load_template(PREFIX_TEMPLATE if request.task == COMPRESS else request.task)
+    check_inputs(
+        template, request.truncate, request.fields if request.task != COMPRESS else dict.fromkeys(template.fields, "-")
+    )
     profile = check_model_spec(request.model)  # an unknown name or missing path fails here, before torch
-    config, tau_rule = cake_config_for(profile, request)
+    if saved is not None and not saved.meta.whole:
+        config, tau_rule = saved_config(saved.meta, request.decode_policy), f"saved in {saved.name}"
+    else:
+        config, tau_rule = cake_config_for(profile, request)
+        request = replace(request, budget=config.budget, method=request.method or DEFAULT_METHOD)
     warnings: list[str] = []
-    doc = load_document(request.document, password=request.password)
+    doc = saved_document(saved.meta) if saved else load_document(request.document, password=request.password)
     for message in doc.warnings:
         cb.warn(warnings, message)
-    text = context_before(doc, request.at_line) if request.at_line is not None else doc.text
+    text = saved.meta.used_text if saved else doc.text
+    text = context_before(doc, request.at_line) if request.at_line is not None else text
     max_new = request.max_new_tokens
     if max_new is None:
         lines = request.max_lines or DEFAULT_LINES
@@ -188,4 +207,14 @@ def plan(request: TaskRequest, cb: Callbacks | None = None) -> Plan:
         max_new = max_new_tokens_for(lines, template.max_new_tokens) if code else template.max_new_tokens
     if request.method == FULL:
         config = replace(config, decode_policy="grow")
-    return Plan(request, template, profile, config, tau_rule, doc, text, max_new, tuple(warnings))
+    return Plan(request, template, profile, config, tau_rule, doc, text, max_new, tuple(warnings), saved)
+
+
+def for_fields(checked: Plan, fields: dict[str, str]) -> Plan:
+    """The same plan with other template fields (another question on the same document).
+
+    Raises:
+        UsageError: a field the template needs is missing or blank.
+    """
+    check_inputs(checked.template, checked.request.truncate, fields)
+    return replace(checked, request=replace(checked.request, fields=dict(fields)))

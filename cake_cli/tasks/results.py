@@ -47,6 +47,28 @@ class Location:
 
 
 @dataclass(frozen=True)
+class CacheInfo:
+    """How a run used a compressed document prefix (`cake compress`, a .cake input, chat, qa -q).
+    Bytes measured (file size on disk, KV tensors), times in seconds."""
+
+    path: str | None  # the .cake file read; None when the prefix was compressed in this run
+    file_bytes: int | None  # the file's size on disk
+    kv_bytes: int  # the compressed prefix's keys and values
+    prefix_tokens: int  # the shared prefix (chat opening + document block)
+    continuation_tokens: int  # this task's own tokens, run after the prefix
+    scoring: str  # what filled the observation window when compressing ("end" / "instruction")
+    stored_prefill_seconds: float  # what compressing the prefix cost (when and where it was made)
+    read_seconds: float  # reading and checking the file now (0 when compressed in this run)
+    continuation_seconds: float  # the forward over the continuation tokens
+    first_token_seconds: float  # from the start of this answer (file read included) to its first token
+
+    @property
+    def prefill_saved_seconds(self) -> float:
+        """Stored prefill minus what this answer spent instead (read + continuation)."""
+        return self.stored_prefill_seconds - self.read_seconds - self.continuation_seconds
+
+
+@dataclass(frozen=True)
 class PrefillSummary:
     """What every run reports about its prompt, settings, per-layer budgets and the KV cache after
     prefill (shared by RunResult and InspectResult). Bytes from the cache tensors, times in seconds."""
@@ -111,6 +133,8 @@ class RunResult(PrefillSummary):
     warnings: tuple[str, ...] = ()
     location: Location | None = None  # needle search: where the quoted passage is (None: not found / n.a.)
     raw_answer: str | None = None  # code completion: the generated text before code-only cleaning
+    cache: CacheInfo | None = None  # set when the run continued a compressed prefix
+    question: str | None = None  # the question, for runs that answer several (qa -q, chat)
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -120,6 +144,8 @@ class RunResult(PrefillSummary):
         """JSON-ready dict: every field plus the derived ratios."""
         data = super().to_dict()
         data["location"] = asdict(self.location) if self.location else None
+        if self.cache is not None:
+            data["cache"]["prefill_saved_seconds"] = self.cache.prefill_saved_seconds
         data["decode_tokens_per_second"] = self.decode_tokens_per_second
         return data
 
@@ -171,4 +197,26 @@ class InspectResult(PrefillSummary):
         """JSON-ready dict: every field plus budget_sum, saved_fraction and the cake-cli version."""
         data = super().to_dict()
         data["budget_sum"] = self.budget_sum
+        return data
+
+
+@dataclass(frozen=True)
+class CompressResult(PrefillSummary):
+    """What `cake compress` saved: the prefix's settings, per-layer budgets, KV bytes and the file."""
+
+    path: str
+    file_bytes: int  # the .cake file on disk (tensors + metadata)
+    method: str
+    scoring: str  # what filled the observation window ("end" / "instruction"; "none" for --method full)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def file_ratio(self) -> float:
+        """File bytes / kept KV bytes (the target is at most 1.05 plus the metadata)."""
+        return self.file_bytes / self.kv_bytes_kept if self.kv_bytes_kept else 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: every field plus file_ratio, saved_fraction and the cake-cli version."""
+        data = super().to_dict()
+        data["file_ratio"] = self.file_ratio
         return data

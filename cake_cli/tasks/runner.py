@@ -5,6 +5,8 @@ No typer or rich here: the CLI passes callbacks for streamed text and progress.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -179,7 +181,16 @@ def run_task(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel |
         CakeError: the model, the prompt, or non-finite values in a low-precision dtype.
     """
     cb = callbacks or Callbacks()
-    prep = prepare(plan, cb, model)
+    return finish(prepare(plan, cb, model), cb)
+
+
+def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] | None = None) -> RunResult:
+    """Generate for a prepared prompt (streaming, code cleaning, needle location) -> RunResult.
+
+    `run(input_ids, **decode_keywords)` replaces prefill + decode (`tasks.compressed` continues a
+    compressed prefix instead); default `run_engine`.
+    """
+    plan = prep.plan
     request, template = plan.request, plan.template
     lines = request.max_lines or DEFAULT_LINES
     code = CodeFilter(lines) if template.output == "code" else None
@@ -192,7 +203,7 @@ def run_task(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel |
                 cb.on_text(out)
 
     streamer = _Streamer(prep.loaded.tokenizer, on_text) if on_text else None
-    result = _generate(prep, cb, streamer, (lambda _tokens: code.done) if code is not None else None)
+    result = _generate(prep, cb, streamer, (lambda _tokens: code.done) if code is not None else None, run)
     text = prep.loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
     answer, raw_answer, location = text.strip(), None, None
     if code is not None:
@@ -239,35 +250,47 @@ def run_engine(prep: Prepared, cb: Callbacks, max_new_tokens: int, **decode_opti
     input_ids = torch.tensor([prep.prompt.input_ids], device=loaded.device)  # [1, n]
     what = "" if max_new_tokens else " (no generation)"
     cb.status(f"prefill: {input_ids.shape[1]} tokens through {loaded.model.config.num_hidden_layers} layers{what}")
-    try:
+    with finite(loaded):
         with threads_using(prep.threads.prefill):
             state = prefill(loaded.model, input_ids, prep.config, on_layer=cb.on_layer)
         with threads_using(prep.threads.decode):
             return decode(loaded.model, input_ids, state, prep.config, max_new_tokens=max_new_tokens, **decode_options)
+
+
+@contextmanager
+def finite(loaded: LoadedModel) -> Iterator[None]:
+    """Turn the engine's refusal of non-finite keys/values (fp16 overflow) into a one-line CakeError."""
+    try:
+        yield
     except NonFiniteError as exc:
         raise CakeError(
             f"{exc} with --dtype {loaded.dtype}".replace("torch.", ""), "use --dtype bfloat16 or float32"
         ) from None
 
 
-def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None, done=None) -> GenerationResult:
-    """Prefill + decode the prepared prompt with the template's decoding settings, streaming tokens;
-    `done(tokens)` -> True ends the answer early (stop reason "complete", e.g. --lines reached)."""
+def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None, done=None, run=None) -> GenerationResult:
+    """Prefill + decode the prepared prompt with the template's decoding settings (or `run` it: it
+    picks its own threads), streaming tokens; `done(tokens)` -> True ends the answer early (stop reason
+    "complete", e.g. --lines reached)."""
     plan, loaded = prep.plan, prep.loaded
     ngram = plan.request.no_repeat_ngram_size
     sampling = replace(
         plan.request.sampling, no_repeat_ngram_size=plan.template.no_repeat_ngram_size if ngram is None else ngram
     )
-    result = run_engine(
-        prep,
-        cb,
-        plan.max_new_tokens,
+    options = dict(
+        max_new_tokens=plan.max_new_tokens,
         sampling=sampling,
         stop_ids=stop_token_ids(loaded),
         on_token=(lambda t: streamer.put(torch.tensor([t]))) if streamer else None,
         stop_on_repetition=plan.template.output == "text",  # code may repeat a line; prose may not loop
         stop_when=done,
     )
+    if run is None:
+        result = run_engine(prep, cb, **options)
+    else:
+        input_ids = torch.tensor([prep.prompt.input_ids], device=loaded.device)  # [1, n]
+        with finite(loaded):
+            result = run(input_ids, **options)
     if streamer:
         streamer.end()
     if result.stop_reason == "max_positions":

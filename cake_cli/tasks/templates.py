@@ -3,6 +3,15 @@
 A template's user text ends with the instruction (and, for QA, the question), so that it lies in
 CAKE's observation window: the last w prompt tokens score what the rest of the cache keeps.
 
+Shared prefix: every chat task template starts with the same document block (`DOCUMENT_BLOCK`:
+``<document>``, the document, ``</document>`` and a blank line), so the rendered prompt of every
+task begins with the same tokens, the *prefix*: the chat template's opening (system prompt, user
+header) and the document block. `cake compress` prefills and saves the prefix once; a task then
+runs only its *suffix* (its instruction, question and the chat template's end) as a continuation.
+A prompt is always tokenized in these two pieces (prefix ids + suffix ids, split after the blank
+line that ends the document block, where byte-level BPE pre-tokenizers split anyway), with or
+without a saved cache, so the two paths see the same token ids.
+
 Keys (``version: 1``; unknown keys are errors): ``task``, ``description``, ``system``, ``user``
 (a ``str.format`` text with ``{document}`` and each name of ``fields``), ``max_new_tokens``,
 ``no_repeat_ngram_size``, ``fields`` (required task fields, e.g. ``[question]``), ``chat``
@@ -27,6 +36,7 @@ from cake_cli.errors import CakeError, UsageError
 
 SCHEMA_VERSION = 1
 TRUNCATE_MODES = ("middle", "error")
+DOCUMENT_BLOCK = "<document>\n{document}\n</document>\n\n"  # how every chat task template starts
 OutputKind = Literal["text", "code"]
 OUTPUT_KINDS = get_args(OutputKind)
 
@@ -51,10 +61,12 @@ class Template:
 class Prompt:
     """A rendered prompt, ready for the engine."""
 
-    input_ids: tuple[int, ...]
+    input_ids: tuple[int, ...]  # prefix ids + suffix ids
     document_tokens: int  # tokens of the document as used (after truncation)
     original_document_tokens: int  # before truncation
     warnings: tuple[str, ...]
+    prefix_tokens: int = 0  # the first prefix_tokens ids: chat opening + document block (`split_at`)
+    document_text: str = ""  # the document as used (middle-cut when truncated)
 
     @property
     def truncated(self) -> bool:
@@ -171,15 +183,43 @@ def load_template(task: str) -> Template:
     )
 
 
-def _render(tokenizer, template: Template, document: str, fields: dict[str, str]) -> list[int]:
+def split_at(template: Template) -> int:
+    """Offset in `template.user` where the shared prefix ends: after the first blank line that follows
+    {document} (the end of `DOCUMENT_BLOCK`), or the end of the text when there is none."""
+    blank = template.user.find("\n\n", template.user.index("{document}"))
+    return len(template.user) if blank < 0 else blank + 2
+
+
+def render_split(tokenizer, template: Template, document: str, **fields: str) -> tuple[list[int], list[int]]:
+    """Render `template` with `document` and `fields`, tokenized as (prefix ids, suffix ids).
+
+    The prefix is everything up to `split_at` (through the chat template when the template is a chat
+    one and the tokenizer has a chat template); the suffix is the rest, tokenized on its own without
+    special tokens. The cut goes after the blank line that ends the document block, else just before
+    it when only that gives the unsplit text's ids (Qwen merges ">\n\n"; SmolLM2 splits "\n\nWord"
+    as "\n", "\n", "Word"). No checks (see `build_prompt`); fields may be empty. A chat template that
+    does not carry the message text verbatim leaves nothing to split: the suffix is empty.
+    """
     user = template.user.format(document=document, **fields)
+    head = len(template.user[: split_at(template)].format(document=document, **fields))
     messages = ([{"role": "system", "content": template.system}] if template.system else []) + [
         {"role": "user", "content": user}
     ]
+    text, offset, special = user, 0, True  # raw prompt: the tokenizer's own special tokens (e.g. BOS)
     if template.chat and getattr(tokenizer, "chat_template", None):
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
-        return list(encoded["input_ids"])
-    return tokenizer(user)["input_ids"]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        offset, special = text.find(user), False  # tokenized as apply_chat_template does
+        if offset < 0:
+            return list(tokenizer(text, add_special_tokens=False)["input_ids"]), []
+
+    def split(cut: int) -> tuple[list[int], list[int]]:
+        prefix = list(tokenizer(text[:cut], add_special_tokens=special)["input_ids"])
+        return prefix, list(tokenizer(text[cut:], add_special_tokens=False)["input_ids"]) if text[cut:] else []
+
+    cuts = [offset + head] + ([offset + head - 2] if user[:head].endswith("\n\n") else [])
+    splits = [split(cut) for cut in cuts]
+    whole = list(tokenizer(text, add_special_tokens=special)["input_ids"]) if len(cuts) > 1 else None
+    return next((p for p in splits if whole is None or p[0] + p[1] == whole), splits[0])
 
 
 def middle_cut(tokenizer, text: str, keep_tokens: int) -> str:
@@ -224,28 +264,51 @@ def build_prompt(
             does not fit.
     """
     check_inputs(template, truncate, fields)
+    return fit_prompt(tokenizer, template, document, max_prompt_tokens, truncate, fields)
+
+
+def build_prefix(tokenizer, template: Template, document: str, *, max_prompt_tokens: int, truncate: str) -> Prompt:
+    """The shared prefix alone (chat opening + document block, `split_at`) as a Prompt, the document
+    middle-truncated so that the prefix fits `max_prompt_tokens` (what `cake compress` prefills).
+
+    Raises:
+        UsageError / CakeError: as for `build_prompt`.
+    """
+    if truncate not in TRUNCATE_MODES:
+        raise UsageError(f"unknown --truncate mode '{truncate}'", f"choose one of {', '.join(TRUNCATE_MODES)}")
+    return fit_prompt(tokenizer, template, document, max_prompt_tokens, truncate, None)
+
+
+def fit_prompt(tokenizer, template: Template, document: str, limit: int, truncate: str, fields) -> Prompt:
+    """Render and middle-cut the document until the prompt fits `limit` tokens; `fields` None: the
+    prefix only (the template's fields rendered empty)."""
+
+    def render(text: str) -> tuple[list[int], int]:  # (ids, prefix length)
+        prefix, suffix = render_split(tokenizer, template, text, **(fields or dict.fromkeys(template.fields, "")))
+        return prefix + (suffix if fields is not None else []), len(prefix)
+
     doc_tokens = len(tokenizer(document, add_special_tokens=False)["input_ids"])
-    ids = _render(tokenizer, template, document, fields)
-    if len(ids) <= max_prompt_tokens:
-        return Prompt(tuple(ids), doc_tokens, doc_tokens, ())
-    overhead = len(_render(tokenizer, template, "", fields))
-    room = max_prompt_tokens - overhead - 8  # a little slack for re-tokenisation at the cut
+    ids, head = render(document)
+    if len(ids) <= limit:
+        return Prompt(tuple(ids), doc_tokens, doc_tokens, (), head, document)
+    overhead = len(render("")[0])
+    room = limit - overhead - 8  # a little slack for re-tokenisation at the cut
     if truncate == "error" or room <= 0:
         raise CakeError(
-            f"the prompt has {len(ids)} tokens, more than this model's limit of {max_prompt_tokens}",
+            f"the prompt has {len(ids)} tokens, more than this model's limit of {limit}",
             "shorten the document, or use --truncate middle"
             if truncate == "error"
             else "the template and question alone do not fit; shorten the question",
         )
     while True:
         cut = middle_cut(tokenizer, document, room)
-        ids = _render(tokenizer, template, cut, fields)
-        if len(ids) <= max_prompt_tokens:
+        ids, head = render(cut)
+        if len(ids) <= limit:
             break
-        room -= len(ids) - max_prompt_tokens + 4
+        room -= len(ids) - limit + 4
     kept = len(tokenizer(cut, add_special_tokens=False)["input_ids"])
     warning = (
         f"document truncated in the middle from {doc_tokens} to {kept} tokens to fit the model's "
-        f"{max_prompt_tokens}-token prompt limit (use --truncate error to refuse instead)"
+        f"{limit}-token prompt limit (use --truncate error to refuse instead)"
     )
-    return Prompt(tuple(ids), kept, doc_tokens, (warning,))
+    return Prompt(tuple(ids), kept, doc_tokens, (warning,), head, cut)

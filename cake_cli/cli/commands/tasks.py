@@ -8,7 +8,11 @@ file fails in well under a second.
 
 from __future__ import annotations
 
+import inspect
 import sys
+from typing import Annotated
+
+import typer
 
 from cake_cli.cli import options as o
 from cake_cli.cli.app import app, handled
@@ -18,7 +22,37 @@ from cake_cli.engine.config import SamplingConfig
 from cake_cli.errors import UsageError
 from cake_cli.files import check_writable
 from cake_cli.tasks.code import DEFAULT_LINES
-from cake_cli.tasks.request import Callbacks, Plan, TaskRequest, plan
+from cake_cli.tasks.request import Callbacks, Plan, TaskRequest, for_fields, plan
+
+Questions = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--question",
+        "-q",
+        metavar="QUESTION",
+        show_default=False,
+        help="A question; repeat it for several (-q Q1 -q Q2): the document is prefilled and compressed once, "
+        "then each question is answered on that cache (question-agnostic, as `cake compress`).",
+    ),
+]
+OptionalQuestion = Annotated[
+    str | None,
+    typer.Argument(
+        help="The question; it ends the prompt, inside CAKE's observation window. Or give -q once or more.",
+        metavar="QUESTION",
+        show_default=False,
+    ),
+]
+LongQuiet = Annotated[bool, typer.Option("--quiet", help=o.Quiet.__metadata__[0].help, metavar="")]
+
+
+def long_quiet(command):
+    """Leave `--quiet` without its -q short flag on `command`, whose -q is a question (`with_options` wrapper)."""
+    signature = inspect.signature(command)
+    params = [p.replace(annotation=LongQuiet) if p.name == "quiet" else p for p in signature.parameters.values()]
+    command.__signature__ = signature.replace(parameters=params)
+    command.__annotations__["quiet"] = LongQuiet
+    return command
 
 
 def resolve_document(document: str | None) -> str:
@@ -76,17 +110,21 @@ def checked_plan(request: TaskRequest, progress: StderrProgress) -> Plan:
     return plan(request, Callbacks(on_warning=progress.warning))
 
 
-def run_command(task: str, document: str | None, fields: dict[str, str], opts: TaskOptions, **extra) -> None:
+def run_command(
+    task: str, document: str | None, fields: dict[str, str], opts: TaskOptions, questions=None, **extra
+) -> None:
     """The body of every task command: check everything cheap, then run and report. Known errors
-    become one line on stderr and an exit code (1 runtime/input, 2 usage)."""
+    become one line on stderr and an exit code (1 runtime/input, 2 usage). `questions`: several
+    questions (qa -q), each checked here."""
     with handled():
         request = task_request(task, resolve_document(document), fields, opts, **extra)
         output = check_writable(opts.output, "--output") if opts.output else None  # before any model work
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(request, progress)
+        plans = [for_fields(checked, {"question": q}) for q in questions] if questions else [checked]
         from cake_cli.cli import run  # noqa: PLC0415 - torch and the model load only once everything is checked
 
-        run.run_and_report(checked, opts, progress, output)
+        run.run_and_report(plans, opts, progress, output)
 
 
 @app.command()
@@ -97,11 +135,23 @@ def summarize(document: o.Document = None, *, opts: TaskOptions) -> None:
 
 
 @app.command()
+@long_quiet
 @with_options(TaskOptions)
-def qa(document: o.RequiredDocument, question: o.Question, *, opts: TaskOptions) -> None:
-    """Answer a question about a long document. The question ends the prompt, so CAKE keeps what it needs;
-    only the document is ever truncated."""
-    run_command("qa", document, {"question": question}, opts)
+def qa(
+    document: o.RequiredDocument,
+    question: OptionalQuestion = None,
+    questions: Questions = None,
+    *,
+    opts: TaskOptions,
+) -> None:
+    """Answer a question about a long document (or a .cake file from `cake compress`). One question ends
+    the prompt, so CAKE keeps what it needs; several (-q Q1 -q Q2) share one prefill of the document.
+    Only the document is ever truncated."""
+    asked = ([question] if question is not None else []) + list(questions or [])
+    if not asked:
+        with handled():
+            raise UsageError("task 'qa' needs a question", "give it as an argument, or several with -q Q1 -q Q2")
+    run_command("qa", document, {"question": asked[0]}, opts, questions=asked if len(asked) > 1 else None)
 
 
 @app.command()

@@ -1,0 +1,59 @@
+"""A cheap fingerprint of a loaded model's weights and tokenizer, stored in saved caches (.cake).
+
+A saved KV cache is only valid for the exact weights that computed it. Hashing every weight (2.5 GB
+for the default model) on every load would cost more than the prefill it saves, so the fingerprint
+hashes what differs between checkpoints at almost no cost (milliseconds):
+
+- the architecture numbers of the config (layers, heads, KV heads, head dim, vocabulary, RoPE);
+- every parameter's name and shape, and its first and last `SAMPLES` values as float32;
+- the tokenizer: its size, special-token ids, chat template, and the ids of a probe text.
+
+Two fine-tunes of one base model differ in those sampled values with near certainty; the dtype the
+model was loaded in is part of the values (a cache is only valid in the dtype it was made in).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+SAMPLES = 16  # values read from each end of every parameter
+CONFIG_KEYS = (
+    "model_type",
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "rope_theta",
+    "rope_parameters",
+    "rms_norm_eps",
+)
+PROBE = "Fingerprint probe: The quick brown fox, 1234.5 — naïve café, 日本語\n\n<document>\n</document>"
+
+
+def fingerprint(model, tokenizer) -> str:
+    """32 hex digits identifying `model`'s weights (sampled) and `tokenizer` (see the module docstring).
+
+    Parameters on the meta device (offloaded by a device map) contribute their name and shape only.
+    """
+    digest = hashlib.sha256()
+    config = model.config
+    for key in CONFIG_KEYS:
+        digest.update(f"{key}={getattr(config, key, None)!r};".encode())
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+            digest.update(f"{name}:{tuple(param.shape)};".encode())
+            if param.device.type != "meta" and param.numel():
+                flat = param.detach().reshape(-1)
+                sample = torch.cat([flat[:SAMPLES], flat[-SAMPLES:]]).float().cpu()  # [2 · SAMPLES]
+                digest.update(sample.numpy().tobytes())
+    special = sorted((str(k), str(v)) for k, v in (getattr(tokenizer, "special_tokens_map", None) or {}).items())
+    digest.update(f"tokens={len(tokenizer)};special={special};".encode())
+    digest.update(str(getattr(tokenizer, "chat_template", None)).encode())
+    digest.update(repr(tokenizer(PROBE, add_special_tokens=True)["input_ids"]).encode())
+    return digest.hexdigest()[:32]

@@ -275,6 +275,16 @@ def test_every_task_has_the_shared_options(command):
         assert option in result.stdout
 
 
+@pytest.mark.parametrize("command", [["qa"], ["compress"], ["batch"], ["env"], ["bench", "speed"]])
+def test_help_shows_no_python_types(command):
+    """Metavars say what an option takes; a flag takes nothing: no `<bool>` / `<str>` / `<int>`."""
+    result = invoke(*command, "--help")
+    assert result.exit_code == 0
+    for shown in ("<bool>", "<str>", "<int>"):
+        assert shown not in result.stdout
+    assert "--help" in result.stdout and "--json" in result.stdout
+
+
 def test_device_map_reaches_the_loader(doc, monkeypatch):
     from cake_cli.tasks import runner as loader  # the runner's reference to models.loader.load_model
 

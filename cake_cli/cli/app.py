@@ -13,8 +13,8 @@ from cake_cli.cli.progress import stderr_console
 from cake_cli.engine.config import ConfigError
 from cake_cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, CakeError, UsageError, first_line
 
-# rich_markup_mode=None: help texts are plain (no markup, so brackets stay) and docstring lines are
-# joined, so a description never breaks mid-sentence where the source code wrapped it.
+# Markdown help: docstring lines are joined, so a description never breaks mid-sentence where the
+# source code wrapped it (rich markup would also eat square brackets).
 HELP_STYLE = {"rich_markup_mode": "markdown"}
 app = typer.Typer(
     **HELP_STYLE,
@@ -24,6 +24,21 @@ app = typer.Typer(
     help="Long-document tasks with a causal LM under a fixed KV-cache budget, using CAKE "
     "(cascading and adaptive KV cache eviction with layer preferences, ICLR 2025).",
 )
+
+
+def _no_type_column() -> None:
+    """Typer prints a type after every argument (`<str>`) and after --help (`<bool>`), though our
+    metavars already say what each takes and a flag takes no value: show neither."""
+    plain_display = typer.core.TyperOption.display_type_rich
+
+    def option_type(self, ctx):
+        return None if self.is_flag else plain_display(self, ctx)
+
+    typer.core.TyperArgument.display_type_rich = lambda self, ctx: None
+    typer.core.TyperOption.display_type_rich = option_type
+
+
+_no_type_column()
 
 
 @contextmanager

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from cake_cli.cli.options import TaskOptions
-from cake_cli.cli.progress import StderrProgress
+from cake_cli.cli.progress import LineProgress, StderrProgress, live_progress
 from cake_cli.files import LineAppender
 from cake_cli.tasks.batch import BatchRow
 from cake_cli.tasks.batch_results import read_results
@@ -73,7 +73,7 @@ def _run(base, todo, summary: BatchSummary, appender: LineAppender, progress: St
         )
         bar = _bar(progress)
         with bar:
-            task = bar.add_task("batch", total=summary.rows, completed=summary.skipped, failed=0, rate="0")
+            task = bar.add_task("documents", total=summary.rows, completed=summary.skipped, failed=0, rate="0")
 
             def on_line(line: dict) -> None:
                 if line["error"] is not None:
@@ -87,9 +87,10 @@ def _run(base, todo, summary: BatchSummary, appender: LineAppender, progress: St
         executor.close()
 
 
-def _bar(progress: StderrProgress) -> Progress:
+def _bar(progress: StderrProgress) -> Progress | LineProgress:
     """Documents done / total, failures, tokens/s (prompt + generated), elapsed and ETA."""
-    return Progress(
+    return live_progress(
+        progress.console,
         TextColumn("batch"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -97,8 +98,7 @@ def _bar(progress: StderrProgress) -> Progress:
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
-        console=progress.console,
-        transient=True,
+        label="batch",
         disable=progress.quiet,
     )
 

@@ -34,7 +34,7 @@ from cake_cli.bench.quality_tables import markdown as to_markdown
 from cake_cli.bench.quality_tables import rich_tables
 from cake_cli.bench.tau_search import choose, write_profile_taus
 from cake_cli.cli.commands.bench import GridSetup
-from cake_cli.cli.progress import console, stderr_console
+from cake_cli.cli.progress import LineProgress, console, live_progress, stderr_console
 from cake_cli.engine.attention import default_backend, use_cake_attention
 from cake_cli.files import write_atomic
 from cake_cli.models.loader import LoadedModel, load_model
@@ -74,15 +74,10 @@ def load(model: str | None, dtype: str, attention: str) -> LoadedModel:
     return loaded
 
 
-def progress_bar() -> Progress:
-    """The benchmarks' progress bar on stderr (label, bar, done/total, time left)."""
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=stderr_console(),
-        transient=True,
+def progress_bar() -> Progress | LineProgress:
+    """The benchmarks' progress on stderr (label, bar, done/total, time left; plain lines when piped)."""
+    return live_progress(
+        stderr_console(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
     )
 
 

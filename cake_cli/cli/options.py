@@ -116,7 +116,8 @@ Dtype = Annotated[
     typer.Option(
         "--dtype",
         metavar="DTYPE",
-        help="auto (float32 on CPU, the profile's on CUDA), float32, bfloat16 or float16.",
+        help="auto (bfloat16 on CPUs with native bf16, AVX512-BF16 or AMX; float32 on other CPUs; the "
+        "profile's on CUDA), float32, bfloat16 or float16.",
     ),
 ]
 Attention = Annotated[

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from rich.console import Console
 from rich.markup import escape
@@ -30,20 +31,85 @@ def stderr_console() -> Console:
     return console(stderr=True)
 
 
+LINE_SECONDS = 10.0  # a piped progress line at most this often (plus every new label and the end)
+
+
+class LineProgress:
+    """What a rich Progress shows, as plain lines, for a stderr that is a file or a pipe (where a
+    live bar shows nothing until it ends): a line when a task's label changes, when it finishes,
+    and otherwise at most every LINE_SECONDS. Same calls as rich's Progress."""
+
+    def __init__(self, console: Console, label: str = "", disable: bool = False):
+        self.console, self.label, self.disable = console, label, disable
+        self.tasks: dict[int, dict] = {}
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Nothing to start (rich's API)."""
+
+    def stop(self) -> None:
+        """Nothing to stop: every line is printed already (rich's API)."""
+
+    def add_task(self, description: str, total: float | None = None, completed: float = 0, **fields) -> int:
+        """A new task (its id); prints its first line."""
+        task_id = len(self.tasks)
+        self.tasks[task_id] = dict(description=description, total=total, completed=completed, fields=fields)
+        self._print(task_id)
+        return task_id
+
+    def advance(self, task_id: int, advance: float = 1) -> None:
+        """One step (or `advance`) done."""
+        self.update(task_id, advance=advance)
+
+    def update(self, task_id: int, *, description=None, total=None, completed=None, advance=None, **fields):
+        """rich's Progress.update: prints when the label changes, at the end, or LINE_SECONDS after the last line."""
+        task = self.tasks[task_id]
+        relabelled = description is not None and description != task["description"]
+        task["description"] = task["description"] if description is None else description
+        task["total"] = task["total"] if total is None else total
+        task["completed"] = (task["completed"] if completed is None else completed) + (advance or 0)
+        task["fields"].update(fields)
+        finished = task["total"] is not None and task["completed"] >= task["total"]
+        if relabelled or finished or time.monotonic() - task["printed"] >= LINE_SECONDS:
+            self._print(task_id)
+
+    def _print(self, task_id: int) -> None:
+        task = self.tasks[task_id]
+        task["printed"] = time.monotonic()
+        if self.disable:
+            return
+        done = f"{task['completed']:g}" + (f"/{task['total']:g}" if task["total"] is not None else "")
+        extra = "".join(f" · {key} {value}" for key, value in task["fields"].items())
+        head = f"{self.label} " if self.label else ""
+        self.console.print(f"[dim]{escape(head + task['description'])}: {done}{escape(extra)}[/]", soft_wrap=True)
+
+
+def live_progress(console: Console, *columns, label: str = "", disable: bool = False) -> Progress | LineProgress:
+    """A rich Progress with `columns` on a terminal; `LineProgress` (plain lines) when the console
+    is a file or a pipe. `label` prefixes the plain lines (the bar's own static text)."""
+    if not console.is_terminal:
+        return LineProgress(console, label, disable)
+    return Progress(*columns, console=console, transient=True, disable=disable)
+
+
 class StderrProgress:
     """Prefill progress (layer by layer) and status lines on stderr; `quiet` keeps warnings only."""
 
     def __init__(self, quiet: bool):
         self.console = stderr_console()
         self.quiet = quiet
-        self.bar = Progress(
+        self.bar = live_progress(
+            self.console,
             TextColumn("prefill"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("layers"),
             TimeElapsedColumn(),
-            console=self.console,
-            transient=True,
         )
         self.task = None
 
@@ -62,7 +128,7 @@ class StderrProgress:
             return
         if self.task is None:
             self.bar.start()
-            self.task = self.bar.add_task("prefill", total=total)
+            self.task = self.bar.add_task("prefill layers", total=total)
         self.bar.update(self.task, completed=index + 1)
         if index + 1 == total:
             self.bar.stop()

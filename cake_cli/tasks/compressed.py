@@ -48,7 +48,7 @@ from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.results import CacheInfo, RunResult
 from cake_cli.tasks.runner import Prepared, ReadyModel, finish, prompt_limit, ready_model
 from cake_cli.tasks.templates import build_prefix, build_prompt, render_split
-from cake_cli.tasks.threads import choose
+from cake_cli.tasks.threads import choose, decoding
 from cake_cli.tasks.threads import using as threads_using
 
 ANSWER_RESERVE = 512  # positions a compressed prefix leaves free for a task's continuation and answer
@@ -177,8 +177,9 @@ def answer(compressed: Compressed, plan: Plan, cb: Callbacks | None = None) -> R
                 model, compressed.state, input_ids, prep.config, evict=compressed.meta.whole
             )
         timing["continuation"] = cont.seconds
-        with threads_using(prep.threads.decode):
-            return decode(model, input_ids, cont, prep.config, capacity=capacity, on_token=first, **decode_options)
+        with decoding(prep.threads) as governor:
+            on_first = governor.wrap(first)
+            return decode(model, input_ids, cont, prep.config, capacity=capacity, on_token=on_first, **decode_options)
 
     result = finish(prep, cb, run)
     meta = compressed.meta

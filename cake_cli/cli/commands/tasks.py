@@ -31,8 +31,9 @@ Questions = Annotated[
         "-q",
         metavar="QUESTION",
         show_default=False,
-        help="A question; repeat it for several (-q Q1 -q Q2): the document is prefilled and compressed once, "
-        "then each question is answered on that cache (question-agnostic, as `cake compress`).",
+        help="A question; repeat it for several (-q Q1 -q Q2): the document is prefilled once and kept "
+        "whole, then each question evicts a copy with itself in the observation window (question-aware, "
+        "as `cake compress`'s default).",
     ),
 ]
 OptionalQuestion = Annotated[

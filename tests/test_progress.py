@@ -1,0 +1,66 @@
+"""Progress on a piped stderr: plain lines (a live bar would show nothing until it ends)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.progress import Progress, TextColumn
+
+from cake_cli.cli import progress as pr
+
+
+def _piped() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=200, force_terminal=False), out
+
+
+def test_piped_progress_prints_labels_and_the_end(monkeypatch):
+    console, out = _piped()
+    clock = [0.0]
+    monkeypatch.setattr(pr.time, "monotonic", lambda: clock[0])
+    bar = pr.live_progress(console, TextColumn("x"), label="bench")
+    assert isinstance(bar, pr.LineProgress)
+    with bar:
+        task = bar.add_task("speed", total=3)
+        bar.update(task, description="cake @ 1024 tokens")
+        bar.advance(task)  # same label, 0 s later: no line
+        clock[0] = pr.LINE_SECONDS + 1
+        bar.advance(task)  # a while later: a line
+        bar.update(task, advance=1, rate="1,234")  # the end: a line
+    assert out.getvalue().splitlines() == [
+        "bench speed: 0/3",
+        "bench cake @ 1024 tokens: 0/3",
+        "bench cake @ 1024 tokens: 2/3",
+        "bench cake @ 1024 tokens: 3/3 · rate 1,234",
+    ]
+
+
+def test_piped_progress_without_total_and_brackets_kept():
+    console, out = _piped()
+    with pr.live_progress(console) as bar:
+        task = bar.add_task("notes[v2].txt")
+        bar.update(task, description="notes[v3].txt", advance=1)
+    assert out.getvalue().splitlines() == ["notes[v2].txt: 0", "notes[v3].txt: 1"]
+
+
+def test_disabled_piped_progress_prints_nothing():
+    console, out = _piped()
+    with pr.live_progress(console, disable=True) as bar:
+        bar.update(bar.add_task("batch", total=1), advance=1)
+    assert out.getvalue() == ""
+
+
+def test_terminal_gets_rich_progress():
+    console = Console(file=io.StringIO(), force_terminal=True)
+    assert isinstance(pr.live_progress(console, TextColumn("x")), Progress)
+
+
+def test_prefill_layers_show_when_piped(monkeypatch):
+    progress = pr.StderrProgress(quiet=False)
+    out = io.StringIO()
+    progress.console = Console(file=out, width=200, force_terminal=False)
+    progress.bar = pr.live_progress(progress.console, TextColumn("prefill"))
+    for layer in range(4):
+        progress.layer(layer, 4)
+    assert out.getvalue().splitlines() == ["prefill layers: 0/4", "prefill layers: 4/4"]

@@ -29,7 +29,7 @@ def _views(summary: Summary, views: list) -> list[tuple[str, str, str, list[list
     unit = f" · {UNITS.get(summary.metric, summary.metric)}"
     out = [(_title(task, length), unit, "method", grid(summary, task, length)) for task, length in views]
     if summary.paired:
-        out.append((_PAIRED_HEADING.format(summary.versus), "", f"{summary.versus} vs", summary.paired_grid()))
+        out.append((_PAIRED_HEADING.format(summary.versus), unit, f"{summary.versus} vs", summary.paired_grid()))
     return out
 
 
@@ -51,14 +51,14 @@ def rich_tables(summary: Summary, title: str) -> list:
 
 def markdown(summary: Summary) -> str:
     """The views of `rich_tables` plus each task at the longest length, as GitHub markdown tables
-    (scores x 100; the paired counts last)."""
+    (headed with their unit: score x 100 or exact-answer accuracy %; the paired counts last)."""
     views = [(t, None) for t in summary.tasks] + [("overall", n) for n in summary.lengths]
     if summary.lengths:
         views += [(t, summary.lengths[-1]) for t in summary.tasks if t != "overall"]
     parts = []
-    for heading, _unit, first, rows in _views(summary, views):
+    for heading, unit, first, rows in _views(summary, views):
         head = f"| {first} | " + " | ".join(f"B={b}" for b in summary.budgets) + " |"
         rule = "|---|" + "---:|" * len(summary.budgets)
         body = ["| " + " | ".join(row) + " |" for row in rows]
-        parts.append(f"**{heading}**\n\n" + "\n".join([head, rule, *body]))
+        parts.append(f"**{heading}{unit}**\n\n" + "\n".join([head, rule, *body]))
     return "\n\n".join(parts) + "\n"

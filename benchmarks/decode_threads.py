@@ -1,6 +1,6 @@
-"""Decode speed on 1 thread, on every core, and under `--threads auto` (`tasks.threads`).
+"""Decode speed on 1 thread, on every core, and under the default thread policy (`tasks.threads`).
 
-`--threads auto` prefills on the idle cores, starts decoding on as many, and then follows the load
+Without `--threads`, cake prefills on the idle cores, starts decoding on as many, and then follows the load
 (`tasks.threads.DecodeGovernor`). This measures that choice: the same CAKE prefill (B = 256) of a
 real prompt (the Python docs text the speed benchmark uses), then greedy decoding on 1 thread, on
 every core (fixed) and under auto, alternating, side by side in one run, with the median tokens/s

@@ -163,12 +163,32 @@ def test_a_rerun_skips_the_rows_already_in_the_output(cli_env, docs):
     assert json.loads(other.stdout)["done"] == 5 and len(lines(out)) == 10
 
 
-def test_a_rerun_keeps_failed_rows_and_still_exits_1(cli_env, docs):
+def test_a_rerun_runs_the_failed_rows_again(cli_env, docs):
     (docs / "empty.txt").write_bytes(b"")
     out = cli_env / "results.jsonl"
     assert invoke("batch", "summarize", docs, "-o", out, *TINY).exit_code == 1
-    again = invoke("batch", "summarize", docs, "-o", out, *TINY, "--json")
-    assert again.exit_code == 1 and json.loads(again.stdout)["failed_before"] == 1 and len(lines(out)) == 4
+    again = invoke("batch", "summarize", docs, "-o", out, *TINY, "--json")  # still empty: fails again
+    summary = json.loads(again.stdout)
+    assert again.exit_code == 1 and (summary["skipped"], summary["failed_before"], summary["failed"]) == (3, 1, 1)
+    assert len(lines(out)) == 5
+    (docs / "empty.txt").write_text("Now the file has words in it, enough to summarize.", encoding="utf-8")
+    fixed = invoke("batch", "summarize", docs, "-o", out, *TINY, "--json")
+    summary = json.loads(fixed.stdout)
+    assert fixed.exit_code == 0, fixed.stderr
+    assert (summary["skipped"], summary["done"], summary["failed"], summary["succeeded"]) == (3, 1, 0, True)
+    assert lines(out)[-1]["error"] is None and len(lines(out)) == 6  # the row's last line wins
+
+
+def test_one_worker_follows_the_load_and_threads_do_not_change_the_key(cli_env, docs):
+    out = cli_env / "results.jsonl"
+    assert invoke("batch", "summarize", docs, "-o", out, *TINY).exit_code == 0
+    first = lines(out)
+    assert all(line["result"]["threads_reason"].startswith("auto") for line in first)  # not "--threads"
+    again = invoke("batch", "summarize", docs, "-o", out, *TINY, "--threads", "1", "--json")
+    assert json.loads(again.stdout)["done"] == 0 and len(lines(out)) == len(first)  # same answers: skipped
+    other = cli_env / "fixed.jsonl"
+    assert invoke("batch", "summarize", docs, "-o", other, *TINY, "--threads", "1").exit_code == 0
+    assert {line["result"]["threads_reason"] for line in lines(other)} == {"--threads"}
 
 
 # ---------------------------------------------------------------- workers

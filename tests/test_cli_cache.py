@@ -189,6 +189,9 @@ def test_corrupt_cake(cake, cli_env):
     (cli_env / "junk.cake").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
     one_error_line(invoke("qa", cli_env / "junk.cake", "Who?"), 1, "not a saved cake-cli cache")
     one_error_line(invoke("qa", cli_env / "missing.cake", "Who?"), 1, "no such file")
+    (cli_env / "text.cake").write_text("A text file renamed .cake: its first 8 bytes read as a huge header size.")
+    line = one_error_line(invoke("qa", cli_env / "text.cake", "Who?"), 1, "not a saved cake-cli cache")
+    assert "truncated" not in line
 
 
 def rewrite_meta(path, target, **changes) -> None:

@@ -39,13 +39,15 @@ def run_and_report(
         if appender.cut_bytes:
             progress.warning(f"cut an unfinished last line ({appender.cut_bytes} bytes) left by an interrupted run")
         done = read_results(output)
-        todo = [row for row in rows if row.key not in done]
+        todo = [row for row in rows if done.get(row.key) is not True]  # new rows and failed ones again
         failed_before = sum(1 for row in rows if done.get(row.key) is False)
         summary = BatchSummary(str(output), len(rows), len(rows) - len(todo), failed_before)
         if duplicates:
             progress.warning(f"{duplicates} repeated rows of INPUT (same document and fields) run once")
         if summary.skipped:
             progress.status(f"{summary.skipped} of {len(rows)} rows are already in {output}: skipped")
+        if failed_before:
+            progress.status(f"{failed_before} rows that failed before run again")
         if todo:
             _run(base, todo, summary, appender, progress, executor_options)
     if opts.json_out:
@@ -67,9 +69,10 @@ def _run(base, todo, summary: BatchSummary, appender: LineAppender, progress: St
         summary.startup_seconds = time.perf_counter() - start
         summary.executor, summary.workers, summary.threads = executor.kind, executor.workers, executor.threads
         devices = sorted({str(info.get("device")) for info in infos})
+        plural = "" if executor.threads == 1 else "s"
         progress.status(
-            f"{len(infos)} worker(s) ready ({executor.kind}, {executor.threads} threads each, {', '.join(devices)}) "
-            f"in {summary.startup_seconds:.1f} s"
+            f"{len(infos)} worker(s) ready ({executor.kind}, {executor.threads} thread{plural} each, "
+            f"{', '.join(devices)}) in {summary.startup_seconds:.1f} s"
         )
         bar = _bar(progress)
         with bar:
@@ -108,7 +111,9 @@ def _summary_line(s: BatchSummary) -> str:
     data = s.to_dict()
     parts = [f"{s.rows} rows: {s.done} run now ({s.failed} failed)"]
     if s.skipped:
-        parts.append(f"{s.skipped} already done ({s.failed_before} failed)")
+        parts.append(f"{s.skipped} already done")
+    if s.failed_before:
+        parts.append(f"{s.failed_before} failed before, run again")
     if s.done:
         parts.append(f"{data['documents_per_hour']:,.0f} documents/hour, {data['tokens_per_second']:,.0f} tokens/s")
     style = "green" if s.succeeded else "yellow"

@@ -53,7 +53,13 @@ RequiredDocument = Annotated[str, _argument(f"{_DOC}.", "DOCUMENT")]
 SourceFile = Annotated[
     str | None, _argument("Source file to continue, or '-' for stdin (default: stdin when piped).", "FILE")
 ]
-InspectDocument = Annotated[str | None, _argument(f"{_DOC} (default: a short packaged sample story).", "DOCUMENT")]
+SourceDocument = Annotated[  # what `cake compress` reads (not a .cake: that is compressed already)
+    str | None, _argument("A PDF, a text file, or '-' for stdin (default: stdin when piped).", "DOCUMENT")
+]
+InspectDocument = Annotated[
+    str | None,
+    _argument("A PDF, a text file or '-' for stdin (default: a short packaged sample story).", "DOCUMENT"),
+]
 Question = Annotated[str, _argument("The question; it ends the prompt, inside CAKE's observation window.", "QUESTION")]
 Query = Annotated[str, _argument("What to look for, e.g. a question the passage answers.", "QUERY")]
 ProfileName = Annotated[str, _argument("Profile name or alias (see `cake profiles list`).", "PROFILE")]
@@ -151,8 +157,8 @@ Threads = Annotated[
         "--threads",
         metavar="N",
         show_default=False,
-        help="CPU threads for prefill and decoding (default: prefill on the cores idle now, decode on one; "
-        "the report says which).",
+        help="CPU threads for prefill and decoding (default: prefill on the cores idle now; decoding starts on "
+        "as many and every 8 tokens keeps to the cores other processes leave free; the report says which).",
     ),
 ]
 Password = Annotated[

@@ -135,8 +135,9 @@ def layer_table(layers: tuple[LayerResult, ...], width: int) -> Table:
         box=box.SIMPLE_HEAD,
         title="allocation across layers",
         title_justify="left",
-        caption="H dispersion (nats) · V shift · P preference share · B_l evictable budget · "
-        "kept = B_l + w window tokens" + (" · local: a sliding-window layer, no budget" if _local(layers) else ""),
+        caption="H dispersion (nats, summed over heads and window rows) · V shift · P preference share · "
+        "B_l evictable budget · kept = B_l + w window tokens"
+        + (" · local: a sliding-window layer, no budget" if _local(layers) else ""),
         caption_justify="left",
         pad_edge=False,
     )

@@ -27,7 +27,8 @@ from cake_cli.tasks.templates import Template, load_template
 TASKS = ("summarize", "qa", "needle", "complete")  # the task commands a batch can run
 PATH_COLUMNS = ("document", "path")  # the manifest column that names each row's document
 MANIFEST_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
-KEY_EXCLUDED = ("document", "fields", "password")  # request fields that are not options of the key
+# request fields that are not options of the key (threads change the speed, not the answer)
+KEY_EXCLUDED = ("document", "fields", "password", "threads")
 
 
 @dataclass(frozen=True)

@@ -42,14 +42,14 @@ class InlineExecutor:
 
     kind = "inline"
 
-    def __init__(self, request: TaskRequest, threads: int):
-        self.request, self.threads, self.workers = request, threads, 1
+    def __init__(self, request: TaskRequest, threads: int, follow_load: bool = False):
+        self.request, self.threads, self.workers, self.follow_load = request, threads, 1, follow_load
         self.worker: RowWorker | None = None
         self.item: Item | None = None
 
     def start(self) -> list[dict]:
         """Load the model. Raises: CakeError (the model cannot load)."""
-        self.worker = RowWorker(self.request, self.threads)
+        self.worker = RowWorker(self.request, self.threads, self.follow_load)
         info = self.worker.info()
         if error := load_error(info):
             raise error

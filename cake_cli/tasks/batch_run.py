@@ -28,8 +28,8 @@ class BatchSummary:
 
     output: str
     rows: int  # rows in INPUT
-    skipped: int  # already in the output before this run
-    failed_before: int  # of those, rows whose line is an error
+    skipped: int  # already in the output with a successful line: not run again
+    failed_before: int  # rows whose line in the output is an error: run again now
     done: int = 0  # rows finished by this run
     failed: int = 0  # of those, rows that failed
     tokens: int = 0  # prompt + generated tokens of this run's rows
@@ -42,7 +42,7 @@ class BatchSummary:
     @property
     def succeeded(self) -> bool:
         """Every row of INPUT has a successful line in the output (the exit code is 0)."""
-        return self.failed + self.failed_before == 0 and self.skipped + self.done == self.rows
+        return self.failed == 0 and self.skipped + self.done == self.rows
 
     def to_dict(self) -> dict:
         """JSON-ready: the fields plus documents per hour and tokens per second (of this run)."""
@@ -72,17 +72,18 @@ def make_executor(
     on_warning: Callable[[str], None] | None = None,
 ):
     """The executor for `--workers`, `--threads` and `--ray`. Locally: `workers` (default 1),
-    torch threads = cores // workers unless `threads`; on Ray see `batch_ray.ray_slots`.
+    torch threads = cores // workers unless `threads` (one worker without `threads`: each row's
+    threads follow the load, as a single document's do); on Ray see `batch_ray.ray_slots`.
 
     Raises:
         CakeError: --ray without Ray installed.
     """
     if ray_address is not None:
         return RayExecutor(request, ray_address, workers, threads, on_warning)
-    workers = workers or 1
+    workers, follow_load = workers or 1, threads is None
     threads = threads or max(1, cores() // workers)
-    if workers == 1:
-        return InlineExecutor(request, threads)
+    if workers == 1:  # alone on the machine: without --threads, every row follows the load (`tasks.threads`)
+        return InlineExecutor(request, threads, follow_load)
     return ProcessExecutor(request, workers, threads, on_warning)
 
 

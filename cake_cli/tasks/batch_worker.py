@@ -32,8 +32,9 @@ class RowWorker:
     carries the error, and the executors turn it into a CakeError for the whole batch.
     """
 
-    def __init__(self, request: TaskRequest, threads: int):
+    def __init__(self, request: TaskRequest, threads: int, follow_load: bool = False):
         self.threads = max(1, threads)
+        self.follow_load = follow_load  # rows get the default threads (idle cores, decoding follows the load)
         torch.set_num_threads(self.threads)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.error: tuple[str, str | None, int] | None = None
@@ -64,8 +65,10 @@ class RowWorker:
         """
         start = time.perf_counter()
         try:
-            # the worker's threads for prefill and decoding (not the single-document idle-core policy)
-            plan = replace(plan, request=replace(plan.request, threads=self.threads))
+            # the worker's threads for prefill and decoding, unless it alone has the machine and no
+            # --threads was given: then the single-document policy (idle cores, following the load)
+            if not self.follow_load:
+                plan = replace(plan, request=replace(plan.request, threads=self.threads))
             result = run_task(plan, model=self.ready).to_dict()
         except Exception as exc:  # noqa: BLE001 - the row fails, the batch goes on
             return row_line(

@@ -148,6 +148,8 @@ def split_file(blob: bytes, path: Path) -> tuple[dict, int]:
     broken = CakeError(f"{path} is not a saved cake-cli cache (no readable header)", _again(None, path))
     if len(blob) < 8:
         raise CakeError(f"{path} is truncated ({len(blob)} bytes)", _again(None, path))
+    if len(blob) > 8 and blob[8:9] != b"{":  # a safetensors header is JSON right after its 8-byte length
+        raise broken
     size = int.from_bytes(blob[:8], "little")
     if size > len(blob) - 8:
         raise CakeError(

@@ -67,8 +67,8 @@ Threads = Annotated[
         "--threads",
         metavar="N",
         show_default=False,
-        help="Torch threads per worker (default: this machine's cores // --workers; on Ray: the node's CPUs // "
-        "actors per node, 1 on a GPU).",
+        help="Torch threads per worker (default: one worker follows the load as a single document does; N "
+        "workers get this machine's cores // N each; on Ray: the node's CPUs // actors per node, 1 on a GPU).",
     ),
 ]
 Ray = Annotated[

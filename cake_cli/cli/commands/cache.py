@@ -49,7 +49,11 @@ def check_scoring(scoring: str) -> None:
 @app.command()
 @with_options(PrefillOptions)
 def compress(
-    document: o.Document = None, output: CakeOutput = "", scoring: Scoring = DEFAULT_SCORING, *, opts: PrefillOptions
+    document: o.SourceDocument = None,
+    output: CakeOutput = "",
+    scoring: Scoring = DEFAULT_SCORING,
+    *,
+    opts: PrefillOptions,
 ) -> None:
     """Prefill a document once and save its CAKE-compressed KV cache as a .cake file: then `cake qa FILE.cake
     QUESTION`, `cake summarize FILE.cake`, `cake needle FILE.cake QUERY` and `cake chat FILE.cake` skip the

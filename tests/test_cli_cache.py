@@ -55,6 +55,14 @@ def whole(doc, cli_env):
     return compressed(doc, cli_env / "whole.cake")
 
 
+def test_compress_report_shows_layers_only_when_evicted(doc, cli_env):
+    evicted = invoke("compress", doc, "-o", cli_env / "e.cake", *TINY, "-b", "64", "--scoring", "end")
+    whole = invoke("compress", doc, "-o", cli_env / "w.cake", *TINY, "-b", "64")
+    assert evicted.exit_code == 0 and whole.exit_code == 0, (evicted.stderr, whole.stderr)
+    assert "allocation across layers" in evicted.stderr
+    assert "allocation across layers" not in whole.stderr and "kept whole" in whole.stderr
+
+
 def test_compress_writes_a_checked_cake_file(cake):
     path, report = cake
     saved = cachefile.read_saved(path)

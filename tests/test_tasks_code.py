@@ -80,6 +80,10 @@ def test_cut_at_line():
             cut_at_line(text, bad)
     with pytest.raises(UsageError):
         cut_at_line("\n\n\nx = 1", 3)
+    ended = text + "\n"  # a final newline adds no line: line 6 is still the one after the last
+    assert cut_at_line(ended, 6) == text
+    with pytest.raises(UsageError, match="lines 2 to 6 can be completed"):
+        cut_at_line(ended, 7)
 
 
 def test_context_before_keeps_the_files_line_numbers(tmp_path):

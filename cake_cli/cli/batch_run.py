@@ -76,14 +76,14 @@ def _run(base, todo, summary: BatchSummary, appender: LineAppender, progress: St
         )
         bar = _bar(progress)
         with bar:
-            task = bar.add_task("documents", total=summary.rows, completed=summary.skipped, failed=0, rate="0")
+            task = bar.add_task("documents", total=summary.rows, completed=summary.skipped, failed=0, rate="0 tokens/s")
 
             def on_line(line: dict) -> None:
                 if line["error"] is not None:
                     document, error = line["document"], line["error"]
                     progress.warning(error if document in error else f"{document}: {error}")
                 rate = summary.tokens / summary.run_seconds if summary.run_seconds > 0 else 0.0
-                bar.update(task, advance=1, failed=summary.failed + summary.failed_before, rate=f"{rate:,.0f}")
+                bar.update(task, advance=1, failed=summary.failed, rate=f"{rate:,.0f} tokens/s")
 
             run_rows(todo, base, executor, appender.write_line, summary, on_line)
     finally:
@@ -97,7 +97,7 @@ def _bar(progress: StderrProgress) -> Progress | LineProgress:
         TextColumn("batch"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("documents · {task.fields[failed]} failed · {task.fields[rate]} tokens/s"),
+        TextColumn("documents · {task.fields[failed]} failed · {task.fields[rate]}"),
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),

@@ -244,5 +244,5 @@ def render_compress(r: CompressResult, console: Console) -> None:
     _kv_row(t, r, None)
     _row(t, "time", _time_text(r))
     console.print(Panel(t, title="CAKE compress", title_align="left", border_style="cyan"))
-    if r.budget is not None:
+    if r.budget is not None and r.evicted:  # a prefix kept whole has nothing per layer to show yet
         console.print(layer_table(r.layers, console.width))

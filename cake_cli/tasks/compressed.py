@@ -48,7 +48,7 @@ from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.results import CacheInfo, RunResult
 from cake_cli.tasks.runner import Prepared, ReadyModel, finish, prompt_limit, ready_model
 from cake_cli.tasks.templates import build_prefix, build_prompt, render_split
-from cake_cli.tasks.threads import choose, decoding
+from cake_cli.tasks.threads import choose, decode_following_load
 from cake_cli.tasks.threads import using as threads_using
 
 ANSWER_RESERVE = 512  # positions a compressed prefix leaves free for a task's continuation and answer
@@ -177,9 +177,17 @@ def answer(compressed: Compressed, plan: Plan, cb: Callbacks | None = None) -> R
                 model, compressed.state, input_ids, prep.config, evict=compressed.meta.whole
             )
         timing["continuation"] = cont.seconds
-        with decoding(prep.threads) as governor:
-            on_first = governor.wrap(first)
-            return decode(model, input_ids, cont, prep.config, capacity=capacity, on_token=on_first, **decode_options)
+        return decode_following_load(
+            prep.threads,
+            decode,
+            model,
+            input_ids,
+            cont,
+            prep.config,
+            capacity=capacity,
+            on_token=first,
+            **decode_options,
+        )
 
     result = finish(prep, cb, run)
     meta = compressed.meta

@@ -26,7 +26,7 @@ from cake_cli.tasks.locate import THRESHOLD, content_words, locate, missing_word
 from cake_cli.tasks.request import Callbacks, Plan, TaskRequest
 from cake_cli.tasks.results import Location, RunResult, layer_results
 from cake_cli.tasks.templates import Prompt, build_prompt
-from cake_cli.tasks.threads import Threads, choose, decoding
+from cake_cli.tasks.threads import Threads, choose, decode_following_load
 from cake_cli.tasks.threads import using as threads_using
 
 
@@ -240,7 +240,7 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
 
 def run_engine(prep: Prepared, cb: Callbacks, max_new_tokens: int, **decode_options) -> GenerationResult:
     """Prefill the prepared prompt (on `prep.threads.prefill` threads), then decode (starting on
-    `prep.threads.decode`, then following the load: `tasks.threads.decoding`); non-finite
+    `prep.threads.decode`, then following the load: `tasks.threads.decode_following_load`); non-finite
     keys/values in a low-precision dtype become a CakeError.
 
     Args:
@@ -254,9 +254,8 @@ def run_engine(prep: Prepared, cb: Callbacks, max_new_tokens: int, **decode_opti
     with finite(loaded):
         with threads_using(prep.threads.prefill):
             state = prefill(loaded.model, input_ids, prep.config, on_layer=cb.on_layer)
-        with decoding(prep.threads) as governor:
-            decode_options["on_token"] = governor.wrap(decode_options.get("on_token"))
-            return decode(loaded.model, input_ids, state, prep.config, max_new_tokens=max_new_tokens, **decode_options)
+        options = dict(max_new_tokens=max_new_tokens, **decode_options)
+        return decode_following_load(prep.threads, decode, loaded.model, input_ids, state, prep.config, **options)
 
 
 @contextmanager

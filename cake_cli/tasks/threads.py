@@ -20,11 +20,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 SAMPLE_SECONDS = 0.05  # how long the idle-core sample takes
 CHECK_TOKENS = 8  # decode steps between two looks at the load
+T = TypeVar("T")
 CHECK_SECONDS = 0.25  # at least this long between two looks (shorter intervals are noise)
 
 
@@ -86,7 +88,7 @@ def choose(requested: int | None, idle: float | None = None, cores: int | None =
     idle = idle_cores() if idle is None else idle
     if idle is None:
         return Threads(cores, cores, f"auto: {cores} usable cores (load unknown)")
-    prefill = max(1, min(cores, round(idle)))
+    prefill = free_cores(cores, cores - idle)
     reason = f"auto: {idle:.1f} of {cores} cores idle; decoding follows the load"
     return Threads(prefill, prefill, reason, adaptive=cores > 1)
 
@@ -162,3 +164,10 @@ def decoding(threads: Threads) -> Iterator[DecodeGovernor]:
     """Decode inside this block: `threads.decode` threads to start, then the governor's (restored after)."""
     with using(threads.decode):
         yield DecodeGovernor(threads)
+
+
+def decode_following_load(threads: Threads, decode: Callable[..., T], *args, on_token=None, **kwargs) -> T:
+    """`decode(*args, on_token=…, **kwargs)` (e.g. `engine.generate.decode`) inside `decoding(threads)`,
+    its `on_token` callback stepping the governor once per generated token."""
+    with decoding(threads) as governor:
+        return decode(*args, on_token=governor.wrap(on_token), **kwargs)

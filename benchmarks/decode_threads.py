@@ -20,8 +20,8 @@ import sys
 from contextlib import nullcontext
 
 from cake_cli.bench.corpus import python_docs_text
-from cake_cli.bench.speed import config_for, measure
-from cake_cli.bench.speed_paths import busy_core
+from cake_cli.bench.speed.paths import busy_core
+from cake_cli.bench.speed.rows import config_for, measure
 from cake_cli.engine.config import CakeConfig
 from cake_cli.tasks.request import TaskRequest
 from cake_cli.tasks.runner import ready_model

@@ -1,5 +1,6 @@
-"""The package's layers: imports go one way (cli -> bench -> tasks -> models -> engine), no cycles,
-the engine is a library of torch + transformers only, modules and engine functions stay small."""
+"""The package's layers: imports go one way (cli -> batch -> tasks, bench -> models -> engine), no
+cycles at any level (module-level, function-level and TYPE_CHECKING imports all count), the engine
+is a library of torch + transformers only, modules and engine functions stay small."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ ALLOWED = {
     "models": {"models", "engine"},
     "tasks": {"tasks", "models", "engine"},
     "bench": {"bench", "tasks", "models", "engine"},
-    "cli": {"cli", "bench", "tasks", "models", "engine"},
+    "batch": {"batch", "tasks", "models", "engine"},
+    "cli": {"cli", "batch", "bench", "tasks", "models", "engine"},
     "base": set(),
 }
-MAX_MODULE_LINES = 320
+MAX_MODULE_LINES = 500  # a cap on one concept's size; split by concept, not by count
 MAX_ENGINE_FUNCTION_LINES = 60
 
 
@@ -40,24 +42,22 @@ def layer(module: str) -> str:
     return "base" if module in BASE else module.split(".")[1]
 
 
-def top_level_imports(tree: ast.Module) -> set[str]:
-    """Project modules imported at module level (not inside functions; TYPE_CHECKING blocks skipped)."""
+def project_imports(tree: ast.Module) -> set[str]:
+    """Project modules a module imports anywhere: at module level, inside functions, and under
+    TYPE_CHECKING (a type-only import is still a dependency a reader must follow)."""
     found = set()
-    for node in tree.body:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
-            continue
-        for sub in ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) else ():
-            if isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
-                names = [sub.module] + [f"{sub.module}.{a.name}" for a in sub.names]
-                found.update(n for n in names if n.startswith("cake_cli"))
-            elif isinstance(sub, ast.Import):
-                found.update(a.name for a in sub.names if a.name.startswith("cake_cli"))
+    for sub in ast.walk(tree):
+        if isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
+            names = [sub.module] + [f"{sub.module}.{a.name}" for a in sub.names]
+            found.update(n for n in names if n.startswith("cake_cli"))
+        elif isinstance(sub, ast.Import):
+            found.update(a.name for a in sub.names if a.name.startswith("cake_cli"))
     return found
 
 
 def graph() -> dict[str, set[str]]:
     mods = modules()
-    return {name: {m for m in top_level_imports(tree) if m in mods and m != name} for name, tree in mods.items()}
+    return {name: {m for m in project_imports(tree) if m in mods and m != name} for name, tree in mods.items()}
 
 
 def test_imports_go_one_way():

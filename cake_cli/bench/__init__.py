@@ -1,1 +1,3 @@
-"""Benchmarks: speed and memory (`speed.py`), quality (`quality.py`)."""
+"""Benchmarks: speed and memory (`speed/`), answer quality (`quality/`, with `needles`, `datasets`,
+`splits`, `suites`, `scoring`), tau search (`tau_search`), saved-cache reuse (`reuse`), and the
+real text and memory sampling they share (`corpus`, `memory`)."""

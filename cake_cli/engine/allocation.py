@@ -6,7 +6,7 @@ stage, so they are integers, never increase from stage m to m + 1 (Prop. 1), and
 total minus at most one token per layer.
 
 `ALLOCATIONS` maps each allocation's name to its stage function: CAKE's preference cascade, and
-the baselines' uniform and pyramid budgets (spec §6), which ignore the layer statistics. Adding
+the baselines' uniform and pyramid budgets (docs/method.md §Baselines), which ignore the layer statistics. Adding
 an allocation is one function and one row. Pure Python (no torch).
 """
 

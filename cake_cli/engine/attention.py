@@ -1,4 +1,4 @@
-"""Attention functions registered with transformers' AttentionInterface (spec §9).
+"""Attention functions registered with transformers' AttentionInterface (docs/method.md §Transformers integration).
 
 After eviction the layers hold different numbers of tokens, but the model builds one mask from
 the first layer. These functions ignore that mask and build each layer's own from its key

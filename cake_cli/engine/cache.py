@@ -1,4 +1,5 @@
-"""KV cache with per-layer, per-KV-head eviction and real-tensor memory accounting (spec §3, §8).
+"""KV cache with per-layer, per-KV-head eviction and real-tensor memory accounting (docs/method.md §GQA, §Memory
+accounting).
 
 Each layer stores keys/values as [1, H_kv, len_l, d] (KV-head granularity, never repeated to
 query heads) plus the original position of every entry, [H_kv, len_l]. All KV heads of a layer

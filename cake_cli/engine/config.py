@@ -1,4 +1,5 @@
-"""CAKE settings for one run (spec §2-§5), validated on construction. Pure Python (no torch)."""
+"""CAKE settings for one run (docs/method.md §Budget to §Hyperparameters), validated on construction. Pure Python (no
+torch)."""
 
 from __future__ import annotations
 
@@ -47,19 +48,20 @@ class CakeConfig:
 
     Attributes:
         budget: B, tokens per layer on average, window included (paper's B·L notation:
-            the evictable total is B_total = (B - w) · L, spec "Notation").
+            the evictable total is B_total = (B - w) · L, docs/method.md §Budget).
         window: w, observation window in tokens (the last w prompt tokens; never evicted).
         tau1: temperature of the spatial dispersion (Eq. 7), > 0.
         tau2: temperature of the temporal shift (Eq. 7), > 0.
         gamma: weight of the variance term in the eviction indicator (Eq. 11).
         pool_kind: "avg" (authors' code) or "max" (SnapKV) smoothing along tokens.
         pool_kernel: odd kernel size of that pooling, in tokens.
-        decode_policy: "fixed" (every layer stays at its size after prefill, one token evicted
-            per new token, spec §4) or "grow" (new tokens appended, nothing more evicted).
+        decode_policy: "fixed" (every layer stays at its size after prefill, or grows up to B
+            when nothing was evicted; then one token evicted per new token, docs/method.md §Decoding) or "grow" (new
+            tokens appended, nothing more evicted).
         allocation: how B_total is split over layers, a key of `allocation.ALLOCATIONS`:
-            "cake" (preference cascade, Eq. 7-10), "uniform" or "pyramid" (spec §6).
+            "cake" (preference cascade, Eq. 7-10), "uniform" or "pyramid" (docs/method.md §Baselines).
         indicator: which tokens a layer keeps, a key of `indicators.INDICATORS`: "cake"
-            (Eq. 11), "snapkv", "h2o", "tova", "streaming" (spec §6). Named pairings: `methods.py`.
+            (Eq. 11), "snapkv", "h2o", "tova", "streaming" (docs/method.md §Baselines). Named pairings: `methods.py`.
 
     Raises:
         ConfigError: from `validate` when a value is out of range (naming the field).
@@ -123,7 +125,8 @@ class CakeConfig:
                 raise ConfigError(field, f"unknown {what} '{value}'", f"choose one of {', '.join(valid)}")
 
     def evictable_total(self, num_layers: int) -> int:
-        """B_total = (B - w) · L evictable cache slots over all layers, in tokens (spec Notation)."""
+        """B_total = (B - w) · L evictable cache slots over `num_layers` scored layers (the global ones), in tokens
+        (docs/method.md §Budget)."""
         return (self.budget - self.window) * num_layers
 
 

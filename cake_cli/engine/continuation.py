@@ -4,13 +4,14 @@ A long document is prefilled and evicted once (`generate.prefill`, the cascade o
 task then runs only its own tokens (instruction, question, the chat template's end) as one forward
 at the true positions seen..seen+q-1 over a *copy* of the compressed cache, and decodes from there
 (`generate.decode`). Kept tokens keep their RoPE positions and new ones are rotated at theirs
-(spec §3); the attention functions build each layer's own mask, every cached token visible and the
-q new ones causal among themselves (spec §9), so the forward is exact for what the cache holds.
+(docs/method.md §Positions); the attention functions build each layer's own mask, every cached token visible and the
+q new ones causal among themselves (docs/method.md §Transformers integration), so the forward is exact for what the
+cache holds.
 
 Continuation tokens are held, not evicted: nothing is scored while they run, and the `fixed` decode
 policy then keeps every layer at its size after the continuation (`continuation_capacity`), so the
 question is never cut by the document's budget; generated tokens are governed by the decode policy
-as after any prefill (spec §4).
+as after any prefill (docs/method.md §Decoding).
 
 Also: dropping the scoring probe after compression (`drop_from`), and the cache as flat tensors for
 a file (`cache_tensors` / `cache_from_tensors`).
@@ -72,12 +73,13 @@ def clone_cache(cache: CakeCache) -> CakeCache:
 
 
 def _layer_token_bytes(layer) -> int:
-    """KV bytes one token costs in a layer: 2 · H_kv · d · bytes per element (spec §8)."""
+    """KV bytes one token costs in a layer: 2 · H_kv · d · bytes per element (docs/method.md §Memory accounting)."""
     return 2 * layer.keys.shape[1] * layer.keys.shape[-1] * layer.keys.element_size()
 
 
 def full_cache_bytes(cache: CakeCache, n: int) -> int:
-    """KV bytes the full cache of an n-token prompt holds (spec §8): n tokens per global layer, at most
+    """KV bytes the full cache of an n-token prompt holds (docs/method.md §Memory accounting): n tokens per global
+    layer, at most
     its native window - 1 per local layer (what `engine.cache.SlidingLayer` stores)."""
     return sum(
         _layer_token_bytes(layer) * (n if window is None else min(n, window - 1))

@@ -1,4 +1,5 @@
-"""Decode-time policies (spec §4): `grow` appends, `fixed` keeps each layer at its size.
+"""Decode-time policies (docs/method.md §Decoding): `grow` appends, `fixed` keeps each layer at its size
+(at most B when prefill evicted nothing).
 
 `fixed` follows the authors' code: after each new token, the lowest-scoring token outside the
 most recent w is evicted, scored by the new query's attention through the method's indicator

@@ -6,7 +6,7 @@ That is exact for models whose attention modules
 
 1. apply rotary position embeddings (and any q/k norm, as Qwen3 and Gemma do) to q and k *before*
    the cache update, so the attention function receives the queries the model attends with and a
-   cached key keeps its true position when others are evicted (spec §3);
+   cached key keeps its true position when others are evicted (docs/method.md §Positions);
 2. carry `layer_idx` (the cache and the cascade are indexed by layer);
 3. use causal softmax attention whose only extras are the ones the engine honours, read from the
    arguments each module hands its attention function: `scaling` (Gemma's query_pre_attn_scalar),

@@ -1,4 +1,5 @@
-"""Prefill with the CAKE cascade, then decode token by token at true positions (spec §2-§4)."""
+"""Prefill with the CAKE cascade, then decode token by token at true positions (docs/method.md §Cascade, §Positions,
+§Decoding)."""
 
 from __future__ import annotations
 
@@ -199,7 +200,7 @@ def decode(
     capacity: list[int] | None = None,
 ) -> GenerationResult:
     """Decode token by token at true positions n, n+1, ... after `prefill` (or `replay.replay`),
-    with the configured decode policy (spec §4).
+    with the configured decode policy (docs/method.md §Decoding).
 
     Args:
         model: the model that filled `state`.

@@ -1,4 +1,5 @@
-"""Eviction indicators (paper Sec. 4.3, Eq. 11, and the baselines of spec §6): which tokens a layer keeps.
+"""Eviction indicators (paper Sec. 4.3, Eq. 11, and the baselines of docs/method.md §Baselines): which tokens a layer
+keeps.
 
 An indicator is a function from the attention of the q most recent queries over m candidate
 tokens to one score per query head and candidate (larger = keep); `token_scores` then averages
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     import torch
 
 SINK_TOKENS = 4  # StreamingLLM's attention sinks
-SNAPKV_POOL = ("max", 7)  # SnapKV's smoothing (spec §3)
+SNAPKV_POOL = ("max", 7)  # SnapKV's smoothing (docs/method.md §Pooling)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def smooth(scores: torch.Tensor, kind: str, kernel: int) -> torch.Tensor:
     """1-D pooling along tokens, stride 1, padding kernel // 2 (authors' code: avg, k = 5).
 
     Equal, bit for bit, to torch's `avg_pool1d` (zero padding counted) and `max_pool1d`
-    (tests/test_methods.py checks it): a running sum of the k shifted rows, then / k.
+    (tests/engine/test_methods.py checks it): a running sum of the k shifted rows, then / k.
 
     Args:
         scores: [H, m] per-head token scores.
@@ -90,7 +91,7 @@ def smooth(scores: torch.Tensor, kind: str, kernel: int) -> torch.Tensor:
 
 
 def group_mean(scores: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """Average the g = H / H_kv query heads of each KV head (spec §3, GQA).
+    """Average the g = H / H_kv query heads of each KV head (docs/method.md §GQA).
 
     Args:
         scores: [H, m]; query head h belongs to KV head h // g.

@@ -1,4 +1,4 @@
-"""KV-eviction methods as pairings of an allocation and an indicator (spec §6, paper Sec. 5.5).
+"""KV-eviction methods as pairings of an allocation and an indicator (docs/method.md §Baselines, paper Sec. 5.5).
 
 An indicator maps window attention to token scores (`indicators.INDICATORS`); an allocation maps
 layer statistics to budgets (`allocation.ALLOCATIONS`). CAKE is one pairing; the baselines are

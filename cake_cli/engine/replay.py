@@ -4,7 +4,7 @@ The prefill forward is the same for every method: each layer attends over the wh
 eviction only changes what earlier layers keep afterwards. So a benchmark grid can run the
 model once per prompt, record every layer's full K/V and window attention, and replay the
 cascade (`CascadePrefill.observe`, the same code the live prefill runs, layer by layer) for each
-(method, budget). The replayed cache equals the live one; `tests/test_replay.py` checks it.
+(method, budget). The replayed cache equals the live one; `tests/engine/test_replay.py` checks it.
 """
 
 from __future__ import annotations

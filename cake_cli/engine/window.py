@@ -1,4 +1,4 @@
-"""Observation-window attention computed by the engine (spec "Notation", A_l).
+"""Observation-window attention computed by the engine (docs/method.md §Notation, A_l).
 
 The window attention is recomputed from the rotated window queries and the cached keys: it is
 never taken from `output_attentions` and never materialised as an n x n matrix.

@@ -1,8 +1,8 @@
 """Profile files: strict validation of ``profiles/*.yaml`` into the frozen :class:`~cake_cli.models.profile.Profile`.
 
 A profile file (``profiles/*.yaml``, ``version: 1``) names where the weights come from (exactly
-one of ``hub_id``, ``embedded``, ``path``) and the CAKE hyperparameters for that model (spec
-``cake-method.md`` §5): observation window ``w``, indicator weight ``gamma``, the pooling of the
+one of ``hub_id``, ``embedded``, ``path``) and the CAKE hyperparameters for that model (see
+``docs/method.md`` §Hyperparameters): observation window ``w``, indicator weight ``gamma``, the pooling of the
 indicator, and the published temperatures ``(tau1, tau2)`` per cache budget together with the
 rule that serves the budgets in between.
 

@@ -20,7 +20,7 @@ def human_bytes(n: int) -> str:
 
 @dataclass(frozen=True)
 class LayerResult:
-    """One layer after prefill (spec §1-§2)."""
+    """One layer after prefill (docs/method.md §Layer preference, §Budget allocation)."""
 
     layer: int
     dispersion: float | None  # H_l, nats (None when the prompt is not longer than the window)
@@ -33,7 +33,7 @@ class LayerResult:
 
 @dataclass(frozen=True)
 class Location:
-    """Where an answer's passage is in the document (needle search, `cake_cli.tasks.locate`).
+    """Where an answer's passage is in the document (needle search, `cake_cli.tasks.answers.locate`).
 
     Offsets are Python str indices (code points) into the loaded document text.
     """
@@ -56,7 +56,7 @@ class CacheInfo:
     kv_bytes: int  # the compressed prefix's keys and values
     prefix_tokens: int  # the shared prefix (chat opening + document block)
     continuation_tokens: int  # this task's own tokens, run after the prefix
-    scoring: str  # what filled the observation window when compressing ("end" / "instruction")
+    scoring: str  # the .cake's scoring ("question": kept whole, evicted per question; "end" / "instruction")
     stored_prefill_seconds: float  # what compressing the prefix cost (when and where it was made)
     read_seconds: float  # reading and checking the file now (0 when compressed in this run)
     continuation_seconds: float  # the forward over the continuation tokens
@@ -207,7 +207,7 @@ class CompressResult(PrefillSummary):
     path: str
     file_bytes: int  # the .cake file on disk (tensors + metadata)
     method: str
-    scoring: str  # what filled the observation window ("end" / "instruction"; "none" for --method full)
+    scoring: str  # "question" (kept whole, evicted per question), "end" / "instruction"; "none" for --method full
     warnings: tuple[str, ...] = ()
 
     @property

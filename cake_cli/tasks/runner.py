@@ -20,9 +20,9 @@ from cake_cli.engine.families import UnsupportedModelError, attention_layout, su
 from cake_cli.engine.generate import GenerationResult, decode, prefill
 from cake_cli.errors import CakeError
 from cake_cli.models.loader import LoadedModel, load_model
-from cake_cli.tasks.code import DEFAULT_LINES, CodeFilter, filter_code
-from cake_cli.tasks.documents import page_of_offset
-from cake_cli.tasks.locate import THRESHOLD, content_words, locate, missing_words
+from cake_cli.tasks.answers.completion import DEFAULT_LINES, CodeFilter, filter_code
+from cake_cli.tasks.answers.locate import THRESHOLD, content_words, locate, missing_words
+from cake_cli.tasks.inputs.documents import page_of_offset
 from cake_cli.tasks.request import Callbacks, Plan, TaskRequest
 from cake_cli.tasks.results import Location, RunResult, layer_results
 from cake_cli.tasks.templates import Prompt, build_prompt
@@ -65,8 +65,20 @@ def ready_model(request: TaskRequest, cb: Callbacks | None = None) -> ReadyModel
         CakeError: the model cannot be loaded, or its family is not handled by the engine.
     """
     cb = cb or Callbacks()
-    loaded = load_model(request.model, dtype=request.dtype, device_map=request.device_map, progress=cb.on_status)
-    backend = default_backend(loaded.device) if request.attention == "auto" else request.attention
+    return load_ready(request.model, request.dtype, request.attention, request.device_map, cb.on_status)
+
+
+def load_ready(
+    model: str | None, dtype: str, attention: str, device_map: str | None = None, on_status=None
+) -> ReadyModel:
+    """Load a model by name or path and switch it to CAKE attention (`attention`: auto | sdpa |
+    eager | flash_attention_2); `on_status(message)` gets the loader's status lines.
+
+    Raises:
+        CakeError: the model cannot be loaded, or its family is not handled by the engine.
+    """
+    loaded = load_model(model, dtype=dtype, device_map=device_map, progress=on_status)
+    backend = default_backend(loaded.device) if attention == "auto" else attention
     try:
         backend = use_cake_attention(loaded.model, backend)  # Gemma 2: eager (soft-capping has no SDPA)
     except UnsupportedModelError as exc:
@@ -173,8 +185,8 @@ def summary_fields(prep: Prepared, result) -> dict:
 def run_task(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel | None = None) -> RunResult:
     """Run one checked task with CAKE and return what it produced and measured.
 
-    Code answers (template `output: code`) are cleaned to code only (`tasks.code`); needle
-    answers (template `locate: true`) are located in the document (`tasks.locate`). `model`: a
+    Code answers (template `output: code`) are cleaned to code only (`tasks.answers.completion`); needle
+    answers (template `locate: true`) are located in the document (`tasks.answers.locate`). `model`: a
     `ready_model` of the same request, to run many plans on one loaded model.
 
     Raises:
@@ -187,7 +199,7 @@ def run_task(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel |
 def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] | None = None) -> RunResult:
     """Generate for a prepared prompt (streaming, code cleaning, needle location) -> RunResult.
 
-    `run(input_ids, **decode_keywords)` replaces prefill + decode (`tasks.compressed` continues a
+    `run(input_ids, **decode_keywords)` replaces prefill + decode (`tasks.saved.compress` continues a
     compressed prefix instead); default `run_engine`.
     """
     plan = prep.plan

@@ -16,8 +16,8 @@ Keys (``version: 1``; unknown keys are errors): ``task``, ``description``, ``sys
 (a ``str.format`` text with ``{document}`` and each name of ``fields``), ``max_new_tokens``,
 ``no_repeat_ngram_size``, ``fields`` (required task fields, e.g. ``[question]``), ``chat``
 (false: the user text is the whole prompt, no chat template), ``output`` (``text`` or ``code``:
-code answers are post-processed by :mod:`cake_cli.tasks.code`) and ``locate`` (find the answer in the
-document, :mod:`cake_cli.tasks.locate`).
+code answers are post-processed by :mod:`cake_cli.tasks.answers.completion`) and ``locate`` (find the answer in the
+document, :mod:`cake_cli.tasks.answers.locate`).
 """
 
 from __future__ import annotations

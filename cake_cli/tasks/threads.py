@@ -94,10 +94,11 @@ def choose(requested: int | None, idle: float | None = None, cores: int | None =
 
 
 @contextmanager
-def using(count: int) -> Iterator[None]:
-    """Run the block with `count` torch CPU threads, then restore the previous count."""
+def using(count: int | None) -> Iterator[None]:
+    """Run the block with `count` torch CPU threads (0 or None: leave torch's count), then restore it."""
     before = torch.get_num_threads()
-    torch.set_num_threads(count)
+    if count:
+        torch.set_num_threads(count)
     try:
         yield
     finally:

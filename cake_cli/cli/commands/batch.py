@@ -1,7 +1,7 @@
 """`cake batch TASK INPUT -o results.jsonl`: one task over many documents, resumable.
 
-Everything cheap is checked here before torch loads (`tasks.batch`): the options once for every
-row, the output file, INPUT's rows and keys, and that Ray is installed for --ray. `cli.batch_run`
+Everything cheap is checked here before torch loads (`batch.rows`): the options once for every
+row, the output file, INPUT's rows and keys, and that Ray is installed for --ray. `cli.runners.batch`
 then reads what the output already holds, runs the other rows and shows the progress.
 """
 
@@ -14,12 +14,12 @@ from typing import Annotated
 
 import typer
 
+from cake_cli.batch.rows import batch_rows, check_options, parse_fields
 from cake_cli.cli.app import app, handled
 from cake_cli.cli.commands.tasks import task_request
 from cake_cli.cli.options import TaskOptions, with_options
 from cake_cli.errors import CakeError, UsageError
 from cake_cli.files import check_writable
-from cake_cli.tasks.batch import batch_rows, check_options, parse_fields
 
 Task = Annotated[str, typer.Argument(help="The task: summarize, qa, needle or complete.", metavar="TASK")]
 Input = Annotated[
@@ -140,7 +140,9 @@ def batch(
         if ray is not None and importlib.util.find_spec("ray") is None:
             raise CakeError("--ray needs Ray, which is not installed", "pip install 'cake-cli[ray]'")
         rows, duplicates = batch_rows(input, base, template, pattern, fields, output)
-        from cake_cli.cli import batch_run  # noqa: PLC0415 - torch and the models load only once everything is checked
+        from cake_cli.cli.runners import (
+            batch as batch_run,  # noqa: PLC0415 - torch and the models load only once everything is checked
+        )
 
         code = batch_run.run_and_report(base, rows, duplicates, output, opts, (workers, threads, ray))
     raise typer.Exit(code)

@@ -12,7 +12,8 @@ from cake_cli.bench.datasets import HAYSTACKS, data_dir
 from cake_cli.bench.needles import NEEDLE_TASKS
 from cake_cli.cli import options as o
 from cake_cli.cli.app import handled
-from cake_cli.cli.commands.bench import Depths, Haystack, Lengths, Threads, bench_app, configs_for, float_list, int_list
+from cake_cli.cli.bench_options import Depths, Haystack, Lengths, Threads, configs_for, float_list, int_list
+from cake_cli.cli.commands.bench import bench_app
 from cake_cli.errors import UsageError
 
 PARTS = ("timing", "e2e", "quality")
@@ -69,9 +70,7 @@ def cache(
             depths=tuple(float_list(depths, "--depths", 0.0, 1.0)),
             repeats=cases,
         )
-        from cake_cli.cli import (
-            bench_cache_run,  # noqa: PLC0415 - torch and the model load only once options are checked
-        )
+        from cake_cli.cli.runners import bench_cache as bench_cache_run  # noqa: PLC0415 - torch loads after checks
 
         bench_cache_run.run(
             model, budget, window, dtype, threads, length, chosen, repeats, new_tokens,

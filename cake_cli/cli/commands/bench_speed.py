@@ -1,4 +1,4 @@
-"""`cake bench speed`: its options, checked here (no torch) before `cli.bench_speed` loads the models."""
+"""`cake bench speed`: its options, checked here (no torch) before `cli.runners.bench_speed` loads the models."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import typer
 from cake_cli.bench.suites import SPEED_METHODS
 from cake_cli.cli import options as o
 from cake_cli.cli.app import handled
-from cake_cli.cli.commands.bench import bench_app, configs_for, int_list
+from cake_cli.cli.bench_options import configs_for, int_list
+from cake_cli.cli.commands.bench import bench_app
 from cake_cli.errors import UsageError
 from cake_cli.models.dtypes import check_dtype
 
@@ -76,7 +77,9 @@ def speed(
         for d in dtype_list:
             check_dtype(d)
         configs = {m: configs_for(m, window, [budget])[budget] for m in model_list}
-        from cake_cli.cli import bench_speed  # noqa: PLC0415 - torch and the model load only once options are checked
+        from cake_cli.cli.runners import (
+            bench_speed,  # noqa: PLC0415 - torch and the model load only once options are checked
+        )
 
         bench_speed.speed(
             bench_speed.SpeedSetup(

@@ -2,7 +2,7 @@
 `run_command`; the shared options come from `cli.options.TaskOptions`.
 
 Options, the template, the profile, the output path and the document are all checked here
-(`tasks.request.plan`, no torch) before `cli.run` loads the model, so a bad option or a missing
+(`tasks.planning.plan`, no torch) before `cli.runners.tasks` loads the model, so a bad option or a missing
 file fails in well under a second.
 """
 
@@ -21,8 +21,9 @@ from cake_cli.cli.progress import StderrProgress
 from cake_cli.engine.config import SamplingConfig
 from cake_cli.errors import UsageError
 from cake_cli.files import check_writable
-from cake_cli.tasks.code import DEFAULT_LINES
-from cake_cli.tasks.request import Callbacks, Plan, TaskRequest, for_fields, plan
+from cake_cli.tasks.answers.completion import DEFAULT_LINES
+from cake_cli.tasks.planning import for_fields, plan
+from cake_cli.tasks.request import Callbacks, Plan, TaskRequest
 
 Questions = Annotated[
     list[str] | None,
@@ -107,7 +108,7 @@ def task_request(task: str, document: str, fields: dict[str, str], opts: Prefill
 
 
 def checked_plan(request: TaskRequest, progress: StderrProgress) -> Plan:
-    """`tasks.request.plan` with warnings shown on stderr as they happen."""
+    """`tasks.planning.plan` with warnings shown on stderr as they happen."""
     return plan(request, Callbacks(on_warning=progress.warning))
 
 
@@ -123,7 +124,9 @@ def run_command(
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(request, progress)
         plans = [for_fields(checked, {"question": q}) for q in questions] if questions else [checked]
-        from cake_cli.cli import run  # noqa: PLC0415 - torch and the model load only once everything is checked
+        from cake_cli.cli.runners import (
+            tasks as run,  # noqa: PLC0415 - torch and the model load only once everything is checked
+        )
 
         run.run_and_report(plans, opts, progress, output)
 

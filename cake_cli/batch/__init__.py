@@ -1,0 +1,1 @@
+"""`cake batch`: rows, executors (driver, processes, Ray actors), the JSON-lines output (above tasks)."""

@@ -1,0 +1,1 @@
+"""`cake bench quality`: the grid run, its results file and report, its plot."""

@@ -1,0 +1,1 @@
+"""`cake bench speed`: engine rows, the paths users run, ratios and report, targets."""

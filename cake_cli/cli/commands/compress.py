@@ -1,0 +1,98 @@
+"""`cake compress` (a document's compressed KV cache, saved as a .cake file) and `cake chat` (question
+after question on one compressed document). Every option, path and .cake header is checked here
+before `cli.runners.compress` loads torch and the model."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cake_cli.cli import options as o
+from cake_cli.cli.app import app, handled
+from cake_cli.cli.commands.tasks import checked_plan, resolve_document, task_request
+from cake_cli.cli.options import PrefillOptions, TaskOptions, with_options
+from cake_cli.cli.progress import StderrProgress
+from cake_cli.errors import UsageError
+from cake_cli.files import check_writable
+from cake_cli.tasks.request import COMPRESS
+from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING, SCORINGS, SUFFIX, is_cache_path
+
+CakeOutput = Annotated[
+    str,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="FILE.cake",
+        show_default=False,
+        help="Where to save the compressed cache (written atomically); tasks take it in place of the document.",
+    ),
+]
+Scoring = Annotated[
+    str,
+    typer.Option(
+        "--scoring",
+        metavar="|".join(SCORINGS).upper(),
+        help="When the document is scored: question = keep the prefix whole and let each question evict it "
+        "(question-aware quality, full-size file); end / instruction = evict now, question-agnostic (B·L tokens "
+        "on disk), with the window holding the document's last w tokens / a question-less instruction.",
+    ),
+]
+
+
+def check_scoring(scoring: str) -> None:
+    """Raises UsageError for an unknown --scoring."""
+    if scoring not in SCORINGS:
+        raise UsageError(f"unknown --scoring '{scoring}'", f"choose one of {', '.join(SCORINGS)}")
+
+
+@app.command()
+@with_options(PrefillOptions)
+def compress(
+    document: o.SourceDocument = None,
+    output: CakeOutput = "",
+    scoring: Scoring = DEFAULT_SCORING,
+    *,
+    opts: PrefillOptions,
+) -> None:
+    """Prefill a document once and save its CAKE-compressed KV cache as a .cake file: then `cake qa FILE.cake
+    QUESTION`, `cake summarize FILE.cake`, `cake needle FILE.cake QUERY` and `cake chat FILE.cake` skip the
+    prefill. The report goes to stderr (--json: one JSON object on stdout)."""
+    with handled():
+        if not output:
+            raise UsageError("compress needs --output FILE.cake", "e.g. cake compress report.pdf -o report.cake")
+        if not output.lower().endswith(SUFFIX):
+            raise UsageError(f"--output {output} does not end in {SUFFIX}", f"name it e.g. report{SUFFIX}")
+        check_scoring(scoring)
+        source = resolve_document(document)
+        if is_cache_path(source):
+            raise UsageError(f"{source} is already a compressed cache", "give the document it was made from")
+        target = check_writable(output, "--output")
+        progress = StderrProgress(opts.quiet)
+        checked = checked_plan(task_request(COMPRESS, source, {}, opts), progress)
+        from cake_cli.cli.runners import (
+            compress as sessions,  # noqa: PLC0415 - torch and the model load only once everything is checked
+        )
+
+        sessions.compress_and_save(checked, opts, progress, target, scoring)
+
+
+@app.command()
+@with_options(TaskOptions)
+def chat(document: o.RequiredDocument, scoring: Scoring = DEFAULT_SCORING, *, opts: TaskOptions) -> None:
+    """Ask question after question about one document (or a .cake file): it is compressed once, then every
+    answer streams to stdout. Questions come one a line from the terminal (exit or Ctrl-D ends) or from
+    piped stdin; --json prints one JSON line per turn. Each turn starts again from the compressed document,
+    so memory stays bounded and turns do not see each other."""
+    with handled():
+        check_scoring(scoring)
+        if document == "-":
+            raise UsageError("chat reads its questions from stdin", "give the document as a file or a .cake file")
+        output = check_writable(opts.output, "--output") if opts.output else None
+        progress = StderrProgress(opts.quiet)
+        checked = checked_plan(task_request("qa", document, {"question": "?"}, opts), progress)
+        from cake_cli.cli.runners import (
+            compress as sessions,  # noqa: PLC0415 - torch and the model load only once everything is checked
+        )
+
+        sessions.chat(checked, opts, progress, output, scoring)

@@ -1,0 +1,1 @@
+"""The heavy halves of the commands (they load torch and the model); one module per `cli/commands` module."""

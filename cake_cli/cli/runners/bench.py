@@ -1,0 +1,198 @@
+"""Running checked benchmarks and printing their tables (the heavy half of `cli.commands.bench`:
+it loads torch and the model)."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import torch
+from rich.markup import escape
+from rich.table import Table
+
+from cake_cli.bench.quality.plot import plot as draw
+from cake_cli.bench.quality.report import (
+    check_resumable,
+    load_results,
+    row_key,
+    rows_as_dicts,
+    save_results,
+    summarize,
+    target_checks,
+)
+from cake_cli.bench.quality.run import Model as QualityModel
+from cake_cli.bench.quality.run import count_steps, run_grid
+from cake_cli.bench.quality.tables import markdown as to_markdown
+from cake_cli.bench.quality.tables import rich_tables
+from cake_cli.bench.tau_search import choose, write_profile_taus
+from cake_cli.cli.bench_options import GridSetup
+from cake_cli.cli.progress import console, stderr_console
+from cake_cli.cli.runners.bench_common import command_line, load, machine, progress_bar
+from cake_cli.files import write_atomic
+from cake_cli.models.loader import LoadedModel
+from cake_cli.tasks.runner import prompt_limit, stop_token_ids
+from cake_cli.tasks.threads import using
+
+# ---- quality grids (quality, tau search) ------------------------------------------------------
+
+
+def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
+    suite = setup.suite
+    return {
+        "model": loaded.name,
+        "split": suite.split,
+        "haystack": setup.haystack,
+        "window": next(iter(setup.configs.values())).window,
+        "tasks": list(suite.tasks),
+        "lengths": list(suite.lengths),
+        "depths": list(suite.depths),
+        "repeats": suite.repeats,
+        "device": str(loaded.device),
+        "dtype": str(loaded.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+        "machine": machine(),
+        "command": command_line(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        **extra,
+    }
+
+
+def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, dict, list[dict]]:
+    """Load the model, resume `setup.output`, run the pending cells with a progress bar, save after
+    every case. Returns (loaded model, meta, every row of this grid)."""
+    loaded = load(setup.model, setup.dtype, setup.attention)
+    budgets = list(setup.configs)
+    runner_model = QualityModel(loaded.model, loaded.tokenizer, prompt_limit(loaded, 64), stop_token_ids(loaded))
+    meta = _meta(loaded, setup, extra_meta)
+    output = setup.output
+    old_meta, rows = load_results(output) if output else ({}, [])
+    if output:
+        check_resumable(output, old_meta, meta)
+    done = {row_key(r) for r in rows}
+    prefills, replays = count_steps(setup.suite, setup.variants, budgets, done)
+    if done:
+        stderr_console().print(
+            f"[dim]resuming {escape(str(output))}: {len(done)} results kept, {replays} answers in {prefills} "
+            "prefills to go[/]"
+        )
+
+    def save(new_rows) -> None:
+        rows.extend(rows_as_dicts(new_rows))
+        if output:
+            save_results(output, {**old_meta, **meta}, rows)
+
+    with progress_bar() as bar:
+        task = bar.add_task(title, total=prefills + replays)
+
+        def step(label: str) -> None:
+            bar.update(task, description=label)
+            bar.advance(task)
+
+        run_grid(
+            runner_model,
+            setup.suite,
+            setup.variants,
+            budgets,
+            setup.configs.__getitem__,
+            haystack=setup.haystack,
+            done=done,
+            on_case=save,
+            on_step=step,
+        )
+    if output:  # also when nothing was left to run: the meta then names the command behind the tables
+        save_results(output, {**old_meta, **meta}, rows)
+    names = {v.name for v in setup.variants}
+    rows = [
+        r
+        for r in rows
+        if r["method"] in names
+        and (r["budget"] is None or r["budget"] in setup.configs)
+        and r["task"] in setup.suite.tasks
+        and r["length"] in setup.suite.lengths
+    ]
+    return loaded, meta, rows
+
+
+def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
+    """`cake bench quality` after its options were checked."""
+    taus = {str(b): [c.tau1, c.tau2] for b, c in setup.configs.items()}
+    with using(setup.threads):
+        loaded, meta, rows = run_setup("bench quality", setup, {"taus": taus})
+    names, budgets = [v.name for v in setup.variants], list(setup.configs)
+    summary = summarize(rows, names, budgets)
+    exact = summarize(rows, names, budgets, metric="exact")
+    checks = target_checks(summary)
+    title = f"cake bench quality · {loaded.name}"
+    output = setup.output
+    png = plot or (output.with_suffix(".png") if output else None)
+    err = stderr_console()
+    if png and plot is None and importlib.util.find_spec("matplotlib") is None:
+        err.print("[yellow]warning:[/] no plot: matplotlib is not installed (`pip install matplotlib`)")
+        png = None
+    if png:
+        draw(summary, png, f"{title} · {setup.suite.split} split, {len(rows)} answers")
+    if markdown:
+        write_atomic(markdown, to_markdown(summary) + "\n" + to_markdown(exact), "markdown file")
+    if setup.json_out:
+        payload = {"meta": meta, "summary": summary.to_json(), "exact": exact.to_json(), "checks": checks}
+        sys.stdout.write(json.dumps(payload, indent=1) + "\n")
+        return
+    out = console(stderr=False)
+    for summ in (summary, exact):
+        for heading, table in rich_tables(summ, title):
+            out.print(f"[bold]{escape(heading)}[/]")
+            out.print(table)
+    for line in checks:
+        out.print(line)
+    if png:
+        err.print(f"[dim]plot: {escape(str(png))}[/]")
+    if output:
+        err.print(f"[dim]results: {escape(str(output))}[/]")
+
+
+def tau_search(setup: GridSetup, grid1: list[float], grid2: list[float], write_profile: Path | None) -> None:
+    """`cake bench tau-search` after its options were checked."""
+    with using(setup.threads):
+        loaded, meta, rows = run_setup("bench tau-search", setup, {"tau1_grid": grid1, "tau2_grid": grid2})
+    chosen = choose(rows, list(setup.configs))
+    suite = setup.suite
+    grid = f"tau1 {{{','.join(f'{t:g}' for t in grid1)}}} x tau2 {{{','.join(f'{t:g}' for t in grid2)}}}"
+    source = (
+        f"cake bench tau-search ({datetime.date.today().isoformat()}): grid {grid}, best weighted score per budget "
+        "on the tune split "
+        f"({', '.join(suite.tasks)}; lengths {','.join(map(str, suite.lengths))}; depths "
+        f"{','.join(f'{d:g}' for d in suite.depths)} x {suite.repeats}; haystack {setup.haystack}), disjoint from the "
+        "eval split"
+    )
+    if write_profile:
+        write_profile_taus(write_profile, chosen, source)
+    if setup.json_out:
+        sys.stdout.write(
+            json.dumps({"meta": meta, "budgets": [c.to_json() for c in chosen], "tau_source": source}, indent=1) + "\n"
+        )
+        return
+    out = console(stderr=False)
+    for c in chosen:
+        out.print(
+            f"[bold]tau search · {escape(loaded.name)} · B = {c.budget} · weighted score x 100 "
+            f"({c.cases} answers per pair)[/]"
+        )
+        table = Table()
+        table.add_column("tau1 \\ tau2")
+        for t2 in grid2:
+            table.add_column(f"{t2:g}", justify="right")
+        for t1 in grid1:
+            cells = (
+                ("[bold]" if (t1, t2) == c.best else "") + f"{100 * c.scores[(t1, t2)]:.1f}"
+                if (t1, t2) in c.scores
+                else "-"
+                for t2 in grid2
+            )
+            table.add_row(f"{t1:g}", *cells)
+        out.print(table)
+        out.print(f"B={c.budget}: best tau1 = {c.best[0]:g}, tau2 = {c.best[1]:g} (score {100 * c.scores[c.best]:.1f})")
+    if write_profile:
+        stderr_console().print(f"[dim]wrote the taus into {escape(str(write_profile))}[/]")

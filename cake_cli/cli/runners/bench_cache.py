@@ -1,0 +1,107 @@
+"""`cake bench cache` after its options were checked: load the model once, run the parts, print tables
+(stdout) or one JSON object; the heavy half of `cli.commands.bench_cache`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.markup import escape
+from rich.table import Table
+
+from cake_cli.bench.corpus import python_docs_text
+from cake_cli.bench.quality.run import Model as QualityModel
+from cake_cli.bench.reuse import QUESTION, document_file, end_to_end, first_token, quality_rows, summarize_quality
+from cake_cli.bench.suites import Suite
+from cake_cli.cli.progress import console, stderr_console
+from cake_cli.cli.runners.bench_common import command_line, machine
+from cake_cli.files import write_atomic
+from cake_cli.models.profiles import model_spec
+from cake_cli.tasks.request import Callbacks, TaskRequest
+from cake_cli.tasks.runner import prompt_limit, ready_model, stop_token_ids
+from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING
+from cake_cli.tasks.threads import using
+
+TEMPLATE_ALLOWANCE = 100  # prompt tokens that are not the document (chat opening, instruction, question)
+
+
+def run(model, budget, window, dtype, threads_n, length, parts, repeats, new_tokens, configs, suite, haystack, output,
+        json_out) -> None:  # fmt: skip
+    """Run the chosen parts (`cli.commands.bench_cache.PARTS`) and show their numbers."""
+    err = stderr_console()
+
+    def status(message: str) -> None:
+        err.print(f"[dim]{escape(message)}[/]")
+
+    request = TaskRequest(task="qa", document="-", model=model, budget=budget, window=window, dtype=dtype)
+    data: dict = {"meta": {"command": command_line(), "question": QUESTION}}
+    with using(threads_n):
+        data["meta"]["machine"] = machine()
+        ready = ready_model(request, Callbacks(on_status=status))
+        loaded = ready.loaded
+        data["meta"].update(model=loaded.name, dtype=str(loaded.dtype).replace("torch.", ""), budget=budget)
+        with tempfile.TemporaryDirectory(prefix="cake-bench-cache-") as tmp:
+            doc = document_file(loaded.tokenizer, python_docs_text(), length - TEMPLATE_ALLOWANCE, Path(tmp))
+            cake = Path(tmp) / "document.cake"
+            if "timing" in parts or "e2e" in parts:
+                data["timing"] = []
+                for scoring in ("instruction", DEFAULT_SCORING) if "timing" in parts else (DEFAULT_SCORING,):
+                    status(f"first token ({scoring}): compress, then {repeats} x (prefill vs saved cache)")
+                    t = first_token(ready, request, doc, cake, repeats, scoring)  # the default's file stays
+                    data["timing"].append({**vars(t), "speedup": t.speedup, "file_ratio": t.file_ratio})
+            if "e2e" in parts:
+                status(f"end to end: {repeats} x `cake qa DOC` and `cake qa FILE.cake` as fresh processes")
+                common = [QUESTION, "-n", str(new_tokens), "--quiet"]
+                spec = model_spec(model)
+                args_doc = ["qa", str(doc), *common, "-m", spec, "-b", str(budget), "--dtype", data["meta"]["dtype"]]
+                doc_s, cake_s = end_to_end(args_doc, ["qa", str(cake), *common], repeats)
+                data["e2e"] = {"doc_seconds": doc_s, "cake_seconds": cake_s, "speedup": doc_s / cake_s}
+        if "quality" in parts:
+            qmodel = QualityModel(loaded.model, loaded.tokenizer, prompt_limit(loaded, 64), stop_token_ids(loaded))
+            cases = Suite(**suite, split="eval").specs()
+            rows = quality_rows(qmodel, configs, cases, haystack, on_step=status)
+            data["quality"] = {"summary": summarize_quality(rows), "rows": rows}
+    text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+    if output is not None:
+        write_atomic(output, text, "--output")
+    if json_out:
+        sys.stdout.write(text)
+        return
+    show(data)
+
+
+def show(data: dict) -> None:
+    """The numbers as tables on stdout."""
+    out = console(stderr=False)
+    meta = data["meta"]
+    out.print(f"[bold]cake bench cache[/] · {escape(meta['model'])} · {meta['dtype']} · B = {meta['budget']}")
+    out.print(f"[dim]{escape(meta['machine'])}[/]")
+    if "timing" in data:
+        tokens = data["timing"][0]["prompt_tokens"]
+        table = Table(title=f"time to first answer token, model loaded ({tokens}-token prompt)")
+        for name in (".cake scoring", "prefill path", "saved .cake", "speedup", ".cake bytes", "KV bytes", "file/KV"):
+            table.add_column(name, justify="right")
+        for t in data["timing"]:
+            table.add_row(
+                t["scoring"], f"{t['prefill_seconds']:.2f} s", f"{t['saved_seconds']:.3f} s", f"{t['speedup']:.1f}×",
+                f"{t['file_bytes']:,}", f"{t['kv_bytes']:,}", f"{t['file_ratio']:.3f}",
+            )  # fmt: skip
+        out.print(table)
+    if "e2e" in data:
+        e = data["e2e"]
+        out.print(
+            f"end to end: `cake qa DOC` {e['doc_seconds']:.1f} s · `cake qa FILE.cake` {e['cake_seconds']:.1f} s · "
+            f"{e['speedup']:.1f}× faster"
+        )
+    if "quality" in data:
+        table = Table(title="question-aware vs question-agnostic (score and exact answers x 100)")
+        for name in ("variant", "B", "cases", "score", "exact"):
+            table.add_column(name, justify="right")
+        for row in data["quality"]["summary"]:
+            table.add_row(
+                row["variant"], str(row["budget"] or "-"), str(row["cases"]), f"{row['score']:.1f}",
+                f"{row['exact']:.1f}",
+            )  # fmt: skip
+        out.print(table)

@@ -1,0 +1,46 @@
+"""What the benchmark runners share: the machine and command lines of a results file, the model
+loaded for a benchmark, and the progress bar on stderr."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+import torch
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from cake_cli.cli.progress import LineProgress, live_progress, stderr_console
+from cake_cli.models.loader import LoadedModel
+from cake_cli.tasks.runner import load_ready
+
+
+def machine() -> str:
+    """A one-line description of this machine."""
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, python {platform.python_version()}"
+    )
+
+
+def command_line() -> str:
+    """The command as the user typed it (for the results' meta)."""
+    return "cake " + " ".join(sys.argv[1:])
+
+
+def load(model: str | None, dtype: str, attention: str) -> LoadedModel:
+    """Load a model for a benchmark and switch it to CAKE attention (status lines on stderr).
+
+    Raises:
+        CakeError: see `tasks.runner.load_ready`.
+    """
+    err = stderr_console()
+    return load_ready(model, dtype, attention, on_status=lambda m: err.print(f"[dim]{escape(m)}[/]")).loaded
+
+
+def progress_bar() -> Progress | LineProgress:
+    """The benchmarks' progress on stderr (label, bar, done/total, time left; plain lines when piped)."""
+    return live_progress(
+        stderr_console(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
+    )

@@ -1,0 +1,162 @@
+"""`cake bench speed` after its options were checked: every model x dtype, the engine rows, the
+CLI's own tasks, decoding with one core busy and kvpress side by side, in one invocation; then
+the tables and the target lines (the heavy half of `cli.commands.bench`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rich.markup import escape
+
+from cake_cli.bench.corpus import python_docs_text
+from cake_cli.bench.speed.paths import busy_core, cli_row, document_file, kvpress_row, safe
+from cake_cli.bench.speed.report import ratios, speed_tables
+from cake_cli.bench.speed.rows import run_speed
+from cake_cli.bench.speed.targets import target_lines
+from cake_cli.cli.progress import console, stderr_console
+from cake_cli.cli.runners.bench_common import command_line, machine, progress_bar
+from cake_cli.engine.config import CakeConfig
+from cake_cli.tasks.request import TaskRequest
+from cake_cli.tasks.runner import ReadyModel, prompt_limit, ready_model
+from cake_cli.tasks.threads import choose
+
+
+@dataclass(frozen=True)
+class SpeedSetup:
+    """A checked `cake bench speed` run."""
+
+    models: list[str | None]
+    dtypes: list[str]
+    configs: dict  # model -> CakeConfig at --budget
+    lengths: list[int]
+    methods: list[str]
+    new_tokens: int
+    repeats: int
+    cli_tasks: list[str]  # e.g. ["qa", "summarize"]; [] for none
+    cli_length: int  # document length of the CLI, busy and kvpress rows (clamped to the model's limit)
+    kvpress: bool
+    busy: bool
+    attention: str
+    json_out: bool
+
+
+def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, on_case, warn) -> list:
+    """Every row of one model in one dtype (the CLI, busy and kvpress rows for the first dtype only)."""
+    request = TaskRequest(task="qa", document="-", model=model, dtype=dtype, attention=setup.attention)
+    ready = ready_model(request)
+    loaded, base = ready.loaded, setup.configs[model]
+    name = loaded.profile.name if loaded.profile else loaded.name
+    group = f"{name} · {str(loaded.dtype).replace('torch.', '')}"
+    ids = loaded.tokenizer(python_docs_text(), add_special_tokens=False)["input_ids"]
+    limit = min(prompt_limit(loaded, setup.new_tokens + 256), len(ids))
+    lengths = [n for n in setup.lengths if n <= limit]
+    if len(lengths) < len(setup.lengths):
+        warn(f"{name}: lengths above its {limit}-token prompt limit skipped")
+    threads = choose(None)
+    rows = run_speed(
+        loaded.model,
+        ids,
+        base,
+        group=f"{group} · engine",
+        lengths=lengths,
+        methods=setup.methods,
+        threads=threads,
+        new_tokens=setup.new_tokens,
+        repeats=setup.repeats,
+        on_case=on_case,
+    )
+    if not first:
+        return rows
+    n = min(setup.cli_length, limit)
+    rows += _path_rows(setup, ready, request, ids[:n], group, base, on_case, warn)
+    return rows
+
+
+def _path_rows(setup, ready: ReadyModel, request, ids, group, base: CakeConfig, on_case, warn) -> list:
+    """The CLI rows, the busy-core rows and the kvpress row at one document length."""
+    rows, n = [], len(ids)
+    with tempfile.TemporaryDirectory() as tmp:
+        doc = document_file(ready.loaded.tokenizer, ids, Path(tmp))
+        for task in setup.cli_tasks:
+            fields = {"question": "What is this document about? Answer in one sentence."} if task == "qa" else {}
+            task_request = replace(request, task=task, document=str(doc), fields=fields, budget=base.budget)
+            for method in ("full", "cake"):
+                rows.append(cli_row(ready, task_request, f"{group} · cli {task}", method, on_case))
+    if setup.busy:  # the same case back to back: quiet, then with one core busy
+        for label in ("quiet", "busy"):
+            with busy_core() if label == "busy" else nullcontext():
+                rows += run_speed(
+                    ready.loaded.model,
+                    ids,
+                    base,
+                    group=f"{group} · {label}",
+                    lengths=[n],
+                    methods=["cake"],
+                    threads=choose(None),
+                    new_tokens=setup.new_tokens,
+                    repeats=1,
+                    on_case=on_case,
+                )[:1]
+    if setup.kvpress and ready.loaded.path is not None:
+        threads = choose(None)
+        dtype = str(ready.loaded.dtype).replace("torch.", "")
+
+        def make():
+            on_case(f"{group}: kvpress snapkv @ {n}")
+            return kvpress_row(
+                ready.loaded.path,
+                list(ids),
+                base.budget,
+                f"{group} · kvpress",
+                new_tokens=setup.new_tokens,
+                threads=(threads.prefill, threads.decode),
+                dtype=dtype,
+            )
+
+        rows += safe("kvpress", make, warn)
+    return rows
+
+
+def speed(setup: SpeedSetup) -> None:
+    """Run every row (progress on stderr), then print the tables and the target lines (or JSON)."""
+    err = stderr_console()
+    warnings: list[str] = []
+
+    def warn(message: str) -> None:
+        warnings.append(message)
+        err.print(f"[yellow]warning:[/] {escape(message)}")
+
+    rows = []
+    with progress_bar() as bar:
+        task = bar.add_task("bench speed", total=None)
+
+        def on_case(label: str) -> None:
+            bar.update(task, description=label)
+            bar.advance(task)
+
+        for model in setup.models:
+            for i, dtype in enumerate(setup.dtypes):
+                rows += _model_rows(setup, model, dtype, i == 0, on_case, warn)
+    data = ratios(rows)
+    checks = target_lines(data)
+    meta = {
+        "budget": [c.budget for c in setup.configs.values()][0],
+        "new_tokens": setup.new_tokens,
+        "repeats": setup.repeats,
+        "machine": machine(),
+        "command": command_line(),
+        "warnings": warnings,
+    }
+    if setup.json_out:
+        sys.stdout.write(json.dumps({"meta": meta, "rows": data, "checks": checks}, indent=2) + "\n")
+        return
+    out = console(stderr=False)
+    for table in speed_tables(data, f"cake bench speed · B = {meta['budget']} · {meta['machine']}"):
+        out.print(table)
+    for line in checks:
+        out.print(escape(line))

@@ -1,0 +1,1 @@
+"""Post-processing of generated answers: code-only completions, located quotes."""

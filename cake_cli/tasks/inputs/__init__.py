@@ -1,0 +1,1 @@
+"""Inputs of a task: documents (text, PDF, stdin), normalised."""

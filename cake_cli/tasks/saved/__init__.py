@@ -1,0 +1,1 @@
+"""Saved compressed prefixes: the .cake format, the store, compress once / answer many."""

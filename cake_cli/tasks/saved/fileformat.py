@@ -1,0 +1,208 @@
+"""The .cake file: a compressed document prefix saved by `cake compress`, read without torch.
+
+Format (version `FORMAT_VERSION`): one safetensors file. Tensors, per layer i: ``keys.i`` and
+``values.i`` [H_kv, len_i, d] (rotated keys and values in the model's dtype), ``positions.i``
+[H_kv, len_i] int16 (int32 past 32767 positions): each kept token's true position. The
+safetensors header's ``__metadata__`` holds one key, ``cake_cli``: a JSON object with every
+`CacheMeta` field (format and cake-cli versions, model and its fingerprint, dtype, method,
+budget, window, taus, per-layer budgets and statistics, the prefix token ids, the document and
+where it came from, prefill seconds and KV bytes) and the sha256 of the tensor data. safetensors
+holds raw numbers only: reading a .cake runs no code (no pickle). Files are written atomically
+(`cake_cli.files`).
+
+Everything here is light (json, hashlib): the command line checks a .cake (truncated, corrupt,
+another format version, options that contradict it) before torch loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from cake_cli.errors import CakeError
+
+FORMAT = "cake-cli-cache"
+FORMAT_VERSION = 1
+SUFFIX = ".cake"
+META_KEY = "cake_cli"
+SCORINGS = ("question", "end", "instruction")  # what fills the observation window (`tasks.saved.compress`)
+DEFAULT_SCORING = "question"  # the only one that keeps question-aware quality (benchmarks/cache.md)
+
+
+@dataclass(frozen=True)
+class LayerMeta:
+    """One layer after compression (Eqs. 3-7): statistics (None when n <= w), budget B_l, tokens kept."""
+
+    budget: int | None
+    kept: int
+    dispersion: float | None
+    shift: float | None
+    log_preference: float | None  # None stands for -inf (P_l = 0) as well as "not computed"
+
+
+@dataclass(frozen=True)
+class CacheMeta:
+    """Everything a .cake says about itself besides the tensors (JSON in the safetensors header)."""
+
+    format: str
+    format_version: int
+    cake_cli_version: str
+    created: str  # ISO 8601, UTC
+    model: str  # the --model it was made with: a profile name, or an absolute path
+    model_name: str  # display name
+    profile: str | None
+    fingerprint: str  # `models.fingerprint` of the weights and tokenizer
+    dtype: str  # torch dtype name of the keys and values, e.g. "float32"
+    device: str
+    method: str
+    allocation: str | None  # None: --method full
+    indicator: str | None
+    budget: int | None  # B, tokens per layer (None: --method full)
+    window: int | None
+    tau1: float | None
+    tau2: float | None
+    tau_rule: str
+    gamma: float | None
+    pool_kind: str | None
+    pool_kernel: int | None
+    scoring: str  # "question" (kept whole, scored when asked), "end" or "instruction"; "none" for --method full
+    probe_ids: list[int]  # the instruction's tokens scored with the document, then dropped
+    evicted: bool
+    layers: list[LayerMeta]
+    prefix_ids: list[int]  # the shared prompt prefix (chat opening + document block)
+    source: str  # the document as given ("<stdin>" for stdin)
+    kind: str  # "pdf" or "text"
+    page_offsets: list[int]
+    text: str  # the document text (for needle locations)
+    prompt_text: str | None  # the document as used in the prefix when middle-truncated, else None
+    document_tokens: int
+    original_document_tokens: int
+    prefill_seconds: float  # what the prefill of the prefix cost when it was compressed
+    eviction_seconds: float
+    kv_bytes: int  # KV bytes of the compressed prefix, measured from the tensors
+    kv_bytes_full: int  # the prefix's full cache
+    kv_peak: int  # largest total during that prefill
+    data_sha256: str = ""  # of the safetensors data section (filled in when saving)
+
+    @property
+    def whole(self) -> bool:
+        """The prefix was kept whole (scoring "question", or --method full): every task evicts it with
+        its own question in the observation window, at its own budget, method and window."""
+        return self.scoring == "question" or self.method == "full"
+
+    @property
+    def used_text(self) -> str:
+        """The document text the prefix was rendered from."""
+        return self.text if self.prompt_text is None else self.prompt_text
+
+    def to_json(self) -> str:
+        """The metadata as one JSON object (the value of `META_KEY`)."""
+        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, data: dict) -> CacheMeta:
+        """Build from the header's JSON object.
+
+        Raises:
+            KeyError / TypeError: a field missing or of the wrong shape.
+        """
+        values = {f.name: data[f.name] for f in fields(cls) if f.name != "data_sha256"}
+        values["layers"] = [LayerMeta(**layer) for layer in values["layers"]]
+        return cls(**values, data_sha256=str(data.get("data_sha256", "")))
+
+
+@dataclass(frozen=True)
+class SavedCache:
+    """A .cake file checked by `read_saved` (header, size, checksum, format version)."""
+
+    path: Path
+    meta: CacheMeta
+    file_bytes: int
+    seconds: float = 0.0  # reading and checking it (header, size, checksum)
+
+    @property
+    def name(self) -> str:
+        """The file's name, for messages."""
+        return self.path.name
+
+
+def is_cache_path(document: str) -> bool:
+    """True when a document argument names a saved cache (its name ends in .cake)."""
+    return document != "-" and document.lower().endswith(SUFFIX)
+
+
+def _again(meta_source: str | None, path: Path) -> str:
+    source = meta_source if meta_source and meta_source != "<stdin>" else "DOCUMENT"
+    return f"compress the document again: cake compress {source} -o {path.name}"
+
+
+def split_file(blob: bytes, path: Path) -> tuple[dict, int]:
+    """The safetensors header (JSON) and where the data starts, checking that the data covers the file.
+
+    Raises:
+        CakeError: truncated, not a safetensors file, or bytes past the last tensor.
+    """
+    broken = CakeError(f"{path} is not a saved cake-cli cache (no readable header)", _again(None, path))
+    if len(blob) < 8:
+        raise CakeError(f"{path} is truncated ({len(blob)} bytes)", _again(None, path))
+    if len(blob) > 8 and blob[8:9] != b"{":  # a safetensors header is JSON right after its 8-byte length
+        raise broken
+    size = int.from_bytes(blob[:8], "little")
+    if size > len(blob) - 8:
+        raise CakeError(
+            f"{path} is truncated ({len(blob)} bytes, its header alone says {size + 8})", _again(None, path)
+        )
+    try:
+        header = json.loads(blob[8 : 8 + size].decode("utf-8"))
+        end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, IndexError, AttributeError):
+        raise broken from None
+    if 8 + size + end != len(blob):
+        what = "truncated" if 8 + size + end > len(blob) else "damaged (bytes after the last tensor)"
+        raise CakeError(f"{path} is {what}: {len(blob)} bytes, its header says {8 + size + end}", _again(None, path))
+    return header, 8 + size
+
+
+def read_saved(path: str | Path) -> SavedCache:
+    """Read and check a .cake file's header, size and checksum (no torch).
+
+    Raises:
+        CakeError (exit 1): missing or unreadable, truncated, corrupt (header or checksum), not made
+            by cake-cli, or another format version; each with the fix.
+    """
+    path, start_time = Path(path).expanduser(), time.perf_counter()
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        raise CakeError(f"no such file: {path}", "give a .cake file written by `cake compress`") from None
+    except OSError as exc:
+        raise CakeError(f"cannot read {path} ({exc.strerror or exc})") from None
+    header, start = split_file(blob, path)
+    raw = (header.get("__metadata__") or {}).get(META_KEY) if isinstance(header.get("__metadata__"), dict) else None
+    try:
+        data = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise CakeError(f"{path} is a safetensors file but not a saved cake-cli cache", _again(None, path))
+    if data.get("format_version") != FORMAT_VERSION:
+        raise CakeError(
+            f"{path} has cache format version {data.get('format_version')!r} (made by cake-cli "
+            f"{data.get('cake_cli_version', '?')}); this cake-cli reads version {FORMAT_VERSION}",
+            _again(data.get("source"), path),
+        )
+    try:
+        meta = CacheMeta.from_json(data)
+    except (KeyError, TypeError) as exc:
+        raise CakeError(f"{path} is corrupt (metadata field {exc} missing or malformed)", _again(None, path)) from None
+    if hashlib.sha256(blob[start:]).hexdigest() != meta.data_sha256:
+        raise CakeError(f"{path} is corrupt: its tensors do not match their checksum", _again(meta.source, path))
+    return SavedCache(path, meta, len(blob), time.perf_counter() - start_time)
+
+
+def data_sha256(blob: bytes) -> str:
+    """sha256 of a safetensors file's data section (what `read_saved` checks)."""
+    return hashlib.sha256(blob[split_file(blob, Path("<new .cake>"))[1] :]).hexdigest()

@@ -1,0 +1,204 @@
+"""Compressed document prefixes in memory (`Compressed`) and on disk (.cake files: `save`, `load`).
+
+The file format and its light checks are in `tasks.saved.fileformat`; compressing and answering in
+`tasks.saved.compress`. Loading checks what the light checks cannot: the model's fingerprint (weights
+and tokenizer, `models.fingerprint`) and that the tensors fit this model.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+from cake_cli import __version__
+from cake_cli.engine.cascade import LayerStats
+from cake_cli.engine.continuation import SavedCascade, cache_from_tensors, cache_tensors
+from cake_cli.engine.families import attention_layout
+from cake_cli.engine.generate import Prefilled
+from cake_cli.errors import CakeError
+from cake_cli.files import write_atomic
+from cake_cli.models.fingerprint import fingerprint
+from cake_cli.models.profiles import model_spec
+from cake_cli.tasks.request import Callbacks, Plan
+from cake_cli.tasks.results import CompressResult, PrefillSummary, human_bytes, layer_results
+from cake_cli.tasks.runner import ReadyModel, ready_model
+from cake_cli.tasks.saved.fileformat import FORMAT, FORMAT_VERSION, META_KEY, CacheMeta, LayerMeta, data_sha256
+from cake_cli.tasks.threads import Threads, choose
+
+
+@dataclass
+class Compressed:
+    """A compressed document prefix ready for continuations (from a .cake file or compressed now)."""
+
+    ready: ReadyModel
+    meta: CacheMeta
+    state: Prefilled  # never changed: every answer continues a copy
+    path: Path | None  # the .cake it was read from (None: compressed in this run)
+    file_bytes: int | None
+    read_seconds: float  # reading + checking the file now (0 when compressed in this run)
+    warnings: list[str]  # about the document as compressed (e.g. middle-truncated); every answer carries them
+    threads: Threads | None = None  # the threads it was compressed with (None: read from a file)
+
+
+def _layers(state: Prefilled) -> list[LayerMeta]:
+    out = []
+    for row in state.rows():
+        stats = row.stats
+        log_p = stats.log_preference if stats and stats.log_preference != float("-inf") else None
+        out.append(LayerMeta(row.budget, row.kept, stats and stats.dispersion, stats and stats.shift, log_p))
+    return out
+
+
+def saved_cascade(meta: CacheMeta) -> SavedCascade:
+    """The per-layer statistics and final budgets the file records, for reports and decoding."""
+    stats = [
+        None
+        if m.dispersion is None
+        else LayerStats(m.dispersion, m.shift, float("-inf") if m.log_preference is None else m.log_preference)
+        for m in meta.layers
+    ]
+    budgets = [m.budget for m in meta.layers] if meta.evicted else None
+    return SavedCascade(stats, budgets, meta.evicted)
+
+
+def build_meta(plan: Plan, ready: ReadyModel, state: Prefilled, prefix, scoring: str, probe: list[int]) -> CacheMeta:
+    """The metadata of a prefix just compressed: `state` after the cascade (probe dropped), `prefix` the
+    `templates.Prompt` of the prefix, `probe` the scoring probe's ids ([] for `end`). Bytes measured
+    from the cache tensors; the model's --model value is kept as given (a path made absolute)."""
+    loaded, request, config, doc = ready.loaded, plan.request, plan.config, plan.doc
+    spec = model_spec(request.model)
+    spec = str(Path(spec).expanduser().resolve()) if Path(spec).expanduser().exists() else spec
+    evicts = plan.evicts
+    return CacheMeta(
+        format=FORMAT,
+        format_version=FORMAT_VERSION,
+        cake_cli_version=__version__,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        model=spec,
+        model_name=loaded.name,
+        profile=loaded.profile.name if loaded.profile else None,
+        fingerprint=fingerprint(loaded.model, loaded.tokenizer),
+        dtype=str(loaded.dtype).replace("torch.", ""),
+        device=str(loaded.device),
+        method=request.method,
+        allocation=config.allocation if evicts else None,
+        indicator=config.indicator if evicts else None,
+        budget=config.budget if evicts else None,
+        window=config.window if evicts else None,
+        tau1=config.tau1 if evicts else None,
+        tau2=config.tau2 if evicts else None,
+        tau_rule=plan.tau_rule if evicts else "",
+        gamma=config.gamma if evicts else None,
+        pool_kind=config.pool_kind if evicts else None,
+        pool_kernel=config.pool_kernel if evicts else None,
+        scoring=scoring if evicts else "none",
+        probe_ids=probe,
+        evicted=bool(state.cascade is not None and state.cascade.evicting),
+        layers=_layers(state),
+        prefix_ids=list(prefix.input_ids),
+        source=doc.source,
+        kind=doc.kind,
+        page_offsets=list(doc.page_offsets),
+        text=doc.text,
+        prompt_text=None if prefix.document_text == doc.text else prefix.document_text,
+        document_tokens=prefix.document_tokens,
+        original_document_tokens=prefix.original_document_tokens,
+        prefill_seconds=state.seconds,
+        eviction_seconds=state.cascade.seconds if state.cascade is not None else 0.0,
+        kv_bytes=state.kv_bytes,
+        kv_bytes_full=state.cache.full_bytes,
+        kv_peak=state.peak_bytes,
+    )
+
+
+def save(compressed: Compressed, path: str | Path) -> int:
+    """Write the compressed prefix to a .cake file atomically (`tasks.saved.fileformat` format); its size in bytes.
+
+    Raises:
+        CakeError: the file cannot be written (the old one, if any, is untouched).
+    """
+    tensors = cache_tensors(compressed.state.cache)
+    blob = save_tensors(tensors, metadata={META_KEY: compressed.meta.to_json()})
+    meta = replace(compressed.meta, data_sha256=data_sha256(blob))
+    blob = save_tensors(tensors, metadata={META_KEY: meta.to_json()})  # same data section, checksum in the header
+    compressed.meta = meta
+    write_atomic(path, blob, "the .cake file")
+    return len(blob)
+
+
+def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compressed:
+    """Load the plan's .cake file (`plan.saved`, already checked by `tasks.planning.plan`) onto the model.
+
+    Raises:
+        CakeError: the model's weights or tokenizer are not the ones the file was made with
+            (fingerprint), or tensors that do not fit this model (exit 1, with the fix).
+    """
+    saved, meta = plan.saved, plan.saved.meta
+    ready = ready or ready_model(plan.request, cb)
+    loaded, config = ready.loaded, ready.loaded.model.config
+    loaded.dtype_reason = f"the dtype {saved.name} was compressed in"
+    start = time.perf_counter()
+    again = f"compress the document again with this model: cake compress {meta.source} -o {saved.name}"
+    if fingerprint(loaded.model, loaded.tokenizer) != meta.fingerprint:
+        raise CakeError(f"{saved.name} was made with other weights or another tokenizer than {loaded.name}", again)
+    try:
+        tensors = load_tensors(saved.path.read_bytes())
+        windows = attention_layout(config).windows
+        cache = cache_from_tensors(tensors, config.num_hidden_layers, len(meta.prefix_ids), loaded.device, windows)
+    except (ValueError, OSError, RuntimeError) as exc:
+        raise CakeError(f"{saved.name} does not fit {loaded.name} ({exc})", again) from None
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    for layer in cache.layers:
+        if layer.keys.shape[1] != heads or layer.keys.dtype != loaded.dtype:
+            raise CakeError(f"{saved.name} does not fit {loaded.name} (KV heads or dtype differ)", again)
+    cache.full_bytes = meta.kv_bytes_full
+    kv = cache.kv_bytes()
+    state = Prefilled(cache, saved_cascade(meta), torch.empty(0), 0.0, cache.lengths(), kv, kv)
+    seconds = saved.seconds + time.perf_counter() - start
+    cb.status(
+        f"loaded {saved.name}: {len(meta.prefix_ids)}-token prefix, KV {human_bytes(kv)}, read in {seconds:.2f} s"
+    )
+    warnings = []
+    if meta.prompt_text is not None:
+        cb.warn(
+            warnings,
+            f"{saved.name} holds the document middle-truncated from {meta.original_document_tokens} "
+            f"to {meta.document_tokens} tokens (the model's prompt limit when it was compressed)",
+        )
+    return Compressed(ready, meta, state, saved.path, saved.file_bytes, seconds, warnings)
+
+
+def compress_result(compressed: Compressed, path: Path, file_bytes: int, load_seconds: float) -> CompressResult:
+    """The report of `cake compress` (one dataclass for the rich view and --json)."""
+    meta, state, loaded = compressed.meta, compressed.state, compressed.ready.loaded
+    threads = compressed.threads or choose(None)
+    fields = {f: getattr(meta, f) for f in ("budget", "window", "tau1", "tau2", "tau_rule", "gamma", "evicted")}
+    summary = PrefillSummary(
+        model=loaded.name,
+        device=str(loaded.device),
+        dtype=meta.dtype,
+        dtype_reason=loaded.dtype_reason,
+        attention=compressed.ready.backend,
+        prompt_tokens=len(meta.prefix_ids),
+        document_tokens=meta.document_tokens,
+        original_document_tokens=meta.original_document_tokens,
+        **fields,
+        layers=layer_results(state.rows()),
+        kv_bytes_full=meta.kv_bytes_full,
+        kv_bytes_kept=meta.kv_bytes,
+        kv_peak_prefill=meta.kv_peak,
+        load_seconds=load_seconds,
+        prefill_seconds=meta.prefill_seconds,
+        eviction_seconds=meta.eviction_seconds,
+        prefill_threads=threads.prefill,
+        decode_threads=threads.decode,
+        threads_reason=threads.reason,
+    )
+    extra = dict(path=str(path), file_bytes=file_bytes, method=meta.method, scoring=meta.scoring)
+    return CompressResult(**vars(summary), **extra, warnings=tuple(compressed.warnings))

@@ -1,0 +1,289 @@
+"""`cake compress`, tasks on a .cake file, `cake qa -q … -q …` and `cake chat` through the real CLI on
+the tiny random profile: answers from a saved cache are token-identical to answers from the cache
+compressed in the same process; bad .cake files and contradicting options are one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cake_cli.cli.main import app
+from cake_cli.tasks.saved import fileformat as cachefile
+from tests.helpers.texts import license_text
+
+runner = CliRunner()
+TINY = ["-m", "tiny-test"]
+QUESTIONS = ["Who holds the copyright?", "What does the license permit?", "When was it written?"]
+
+
+def invoke(*args, input=None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def one_error_line(result, code: int, words: str) -> str:
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0], lines
+    return lines[0]
+
+
+@pytest.fixture
+def doc(cli_env):
+    path = cli_env / "notes.txt"
+    path.write_text(license_text()[:1300], encoding="utf-8")
+    return path
+
+
+def compressed(doc, path, *args):
+    result = invoke("compress", doc, "-o", path, *TINY, "-b", "64", "--dtype", "float32", *args, "--json")
+    assert result.exit_code == 0, result.stderr
+    return path, json.loads(result.stdout)
+
+
+@pytest.fixture
+def cake(doc, cli_env):
+    """A question-agnostic .cake: evicted once, before any question (scoring `instruction`)."""
+    return compressed(doc, cli_env / "notes.cake", "--scoring", "instruction")
+
+
+@pytest.fixture
+def whole(doc, cli_env):
+    """A .cake made with the default scoring (`question`): the prefix kept whole, evicted per question."""
+    return compressed(doc, cli_env / "whole.cake")
+
+
+def test_compress_report_shows_layers_only_when_evicted(doc, cli_env):
+    evicted = invoke("compress", doc, "-o", cli_env / "e.cake", *TINY, "-b", "64", "--scoring", "end")
+    whole = invoke("compress", doc, "-o", cli_env / "w.cake", *TINY, "-b", "64")
+    assert evicted.exit_code == 0 and whole.exit_code == 0, (evicted.stderr, whole.stderr)
+    assert "allocation across layers" in evicted.stderr
+    assert "allocation across layers" not in whole.stderr and "kept whole" in whole.stderr
+
+
+def test_compress_writes_a_checked_cake_file(cake):
+    path, report = cake
+    saved = cachefile.read_saved(path)
+    meta = saved.meta
+    assert report["file_bytes"] == saved.file_bytes == path.stat().st_size
+    assert meta.budget == report["budget"] == 64 and meta.window == 8 and meta.method == "cake"
+    assert meta.evicted and meta.scoring == "instruction" and meta.model == "tiny-test"
+    assert len(meta.prefix_ids) == report["prompt_tokens"] and meta.dtype == "float32"
+    assert [layer.kept for layer in meta.layers] == [layer["kept"] for layer in report["layers"]]
+    # B·L tokens kept in all, less at most one per layer (Prop. 1 rounding); the instruction probe took g = w
+    # window slots while scoring, so each layer kept g more evictable tokens: kept = B_l + w - g = B_l
+    assert 64 * 4 - 4 <= sum(layer.kept for layer in meta.layers) <= 64 * 4
+    assert len(meta.probe_ids) == 8 and [layer.kept for layer in meta.layers] == [layer.budget for layer in meta.layers]
+    assert report["kv_bytes_kept"] < report["kv_bytes_full"]
+    positions_bytes = sum(2 * 2 * layer.kept for layer in meta.layers)  # int16 per KV head and token
+    header = saved.file_bytes - report["kv_bytes_kept"] - positions_bytes
+    assert 0 < header < 200_000, "the rest is the JSON header (metadata)"
+    assert report["kv_bytes_kept"] + positions_bytes <= 1.05 * report["kv_bytes_kept"]
+
+
+@pytest.mark.parametrize("policy", ["fixed", "grow"])
+def test_saved_answers_equal_in_process_answers(whole, doc, policy):
+    """The oracle: `qa FILE.cake` (loaded from disk) == `qa DOC -q … -q …` (compressed in this process)."""
+    path, made = whole
+    assert not made["evicted"] and made["scoring"] == "question" and made["kv_bytes_kept"] == made["kv_bytes_full"]
+    asked = [a for q in QUESTIONS for a in ("-q", q)]
+    here = invoke(
+        "qa", doc, "--decode-policy", policy, *asked, *TINY, "-b", "64", "--dtype", "fp32", "-n", "12", "--json"
+    )
+    assert here.exit_code == 0, here.stderr
+    in_process = json.loads(here.stdout)["results"]
+    assert [r["question"] for r in in_process] == QUESTIONS
+    for question, expected in zip(QUESTIONS, in_process):
+        loaded = invoke("qa", path, question, "-n", "12", "--decode-policy", policy, "--json")
+        assert loaded.exit_code == 0, loaded.stderr
+        got = json.loads(loaded.stdout)
+        assert got["answer"] == expected["answer"] and got["generated_tokens"] == expected["generated_tokens"] > 0
+        assert got["cache"]["path"] == str(path) and expected["cache"]["path"] is None
+        assert got["layers"] == expected["layers"] and got["evicted"], "evicted with the question in the window"
+        assert got["kv_bytes_kept"] < got["cache"]["kv_bytes"], "the task's budget, not the whole prefix"
+        assert got["cache"]["continuation_tokens"] == got["prompt_tokens"] - got["cache"]["prefix_tokens"] > 0
+    assert len({r["answer"] for r in in_process}) > 1, "different questions, different answers"
+    assert len({json.dumps(r["layers"]) for r in in_process}) > 1, "each question keeps its own tokens"
+
+
+def test_agnostic_saved_answers_equal_in_process_answers(cake, doc):
+    path, _ = cake
+    piped = "\n".join(QUESTIONS[:2]) + "\n"
+    chat = invoke("chat", doc, *TINY, "-b", "64", "--dtype", "fp32", "--scoring", "instruction", "-n", "10", "--json",
+                  input=piped)  # fmt: skip
+    assert chat.exit_code == 0, chat.stderr
+    for turn in map(json.loads, chat.stdout.splitlines()):
+        got = json.loads(invoke("qa", path, turn["question"], "-n", "10", "--json").stdout)
+        assert got["answer"] == turn["answer"] and got["layers"] == turn["layers"]
+        assert got["cache"]["kv_bytes"] == turn["cache"]["kv_bytes"] and got["cache"]["scoring"] == "instruction"
+
+
+def test_whole_file_takes_each_task_budget_and_method(whole):
+    path, made = whole
+    small = json.loads(invoke("qa", path, QUESTIONS[0], "-n", "4", "-b", "32", "--json").stdout)
+    default = json.loads(invoke("qa", path, QUESTIONS[0], "-n", "4", "--json").stdout)
+    full = json.loads(invoke("qa", path, QUESTIONS[0], "-n", "4", "--method", "full", "--json").stdout)
+    assert small["budget"] == 32 and default["budget"] == 64 and full["budget"] is None
+    assert small["kv_bytes_kept"] < default["kv_bytes_kept"] < full["kv_bytes_kept"]
+    assert not full["evicted"] and full["kv_bytes_kept"] > made["kv_bytes_kept"], "whole prefix + the question"
+    assert made["file_ratio"] < 1.05 + 200_000 / made["kv_bytes_kept"]
+
+
+@pytest.mark.parametrize("policy", ["fixed", "grow"])
+def test_saved_cache_text_report_and_decode_policy(cake, policy):
+    path, _ = cake
+    result = invoke("qa", path, QUESTIONS[0], "-n", "6", "--decode-policy", policy)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() and "saved cache" in result.stderr and "saved ·" in result.stderr
+    assert "prefill" in result.stderr and "stored vs" in result.stderr
+
+
+def test_summarize_and_needle_take_a_cake_file(cake):
+    path, _ = cake
+    summary = invoke("summarize", path, "-n", "5", "--json")
+    needle = invoke("needle", path, "copyright", "-n", "5", "--json")
+    for result in (summary, needle):
+        assert result.exit_code == 0, result.stderr
+        data = json.loads(result.stdout)
+        assert data["cache"]["path"] == str(path) and data["generated_tokens"] <= 5
+
+
+def test_qa_several_questions_text_output(doc):
+    result = invoke("qa", doc, QUESTIONS[0], "-q", QUESTIONS[1], *TINY, "-b", "64", "-n", "4", "--quiet")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.count("\n\n") == 1, "two answers, a blank line between them"
+
+
+def test_chat_piped_json_lines_and_memory_bounded(cake):
+    path, _ = cake
+    piped = "\n".join([QUESTIONS[0], "", QUESTIONS[1], QUESTIONS[0]]) + "\n"
+    result = invoke("chat", path, "-n", "8", "--json", input=piped)
+    assert result.exit_code == 0, result.stderr
+    turns = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [t["turn"] for t in turns] == [1, 2, 3] and [t["question"] for t in turns] == [*QUESTIONS[:2], QUESTIONS[0]]
+    assert turns[0]["answer"] == turns[2]["answer"], "each turn starts from the compressed document again"
+    assert len({t["cache"]["kv_bytes"] for t in turns}) == 1
+    assert turns[2]["kv_bytes_kept"] == turns[0]["kv_bytes_kept"], "turn 3 holds nothing of turns 1 and 2"
+    single = json.loads(invoke("qa", path, QUESTIONS[1], "-n", "8", "--json").stdout)
+    assert turns[1]["answer"] == single["answer"], "a chat turn answers as `qa FILE.cake` does"
+
+
+def test_chat_text_on_a_document(doc, cli_env):
+    out = cli_env / "transcript.txt"
+    result = invoke("chat", doc, *TINY, "-b", "64", "-n", "4", "-o", out, input=f"{QUESTIONS[0]}\n")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() and "turn 1:" in result.stderr
+    assert out.read_text().startswith(f"Q: {QUESTIONS[0]}\nA: ")
+
+
+# ---------------------------------------------------------------- bad input
+def test_truncated_cake(cake, cli_env):
+    path, _ = cake
+    cut = cli_env / "cut.cake"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    line = one_error_line(invoke("qa", cut, "Who?"), 1, "truncated")
+    assert "cake compress" in line
+
+
+def test_corrupt_cake(cake, cli_env):
+    path, _ = cake
+    blob = bytearray(path.read_bytes())
+    blob[-100] ^= 0xFF  # one flipped byte in the tensor data
+    bad = cli_env / "bad.cake"
+    bad.write_bytes(bytes(blob))
+    one_error_line(invoke("qa", bad, "Who?"), 1, "checksum")
+    (cli_env / "junk.cake").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    one_error_line(invoke("qa", cli_env / "junk.cake", "Who?"), 1, "not a saved cake-cli cache")
+    one_error_line(invoke("qa", cli_env / "missing.cake", "Who?"), 1, "no such file")
+    (cli_env / "text.cake").write_text("A text file renamed .cake: its first 8 bytes read as a huge header size.")
+    line = one_error_line(invoke("qa", cli_env / "text.cake", "Who?"), 1, "not a saved cake-cli cache")
+    assert "truncated" not in line
+
+
+def rewrite_meta(path, target, **changes) -> None:
+    """A copy of a .cake with some metadata changed (the checksum stays valid: the data is unchanged)."""
+    blob = path.read_bytes()
+    size = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8 : 8 + size])
+    meta = json.loads(header["__metadata__"]["cake_cli"])
+    meta.update(changes)
+    header["__metadata__"]["cake_cli"] = json.dumps(meta)
+    raw = json.dumps(header).encode()
+    target.write_bytes(len(raw).to_bytes(8, "little") + raw + blob[8 + size :])
+
+
+def test_other_format_version(cake, cli_env):
+    path, _ = cake
+    rewrite_meta(path, cli_env / "v9.cake", format_version=9, cake_cli_version="9.0")
+    line = one_error_line(invoke("qa", cli_env / "v9.cake", "Who?"), 1, "format version 9")
+    assert "compress the document again" in line
+
+
+def test_other_model_weights(cake, cli_env):
+    path, _ = cake
+    rewrite_meta(path, cli_env / "other.cake", fingerprint="0" * 32)
+    line = one_error_line(invoke("qa", cli_env / "other.cake", "Who?", "--quiet"), 1, "other weights")
+    assert "compress the document again" in line
+
+
+def test_model_not_matching_the_file(cake):
+    path, _ = cake
+    line = one_error_line(invoke("qa", path, "Who?", "-m", "smollm2"), 2, "does not match")
+    assert "drop --model" in line
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["-b", "128"], "--budget"),
+        (["--method", "snapkv"], "--method"),
+        (["-w", "4"], "--window"),
+        (["--dtype", "bfloat16"], "--dtype"),
+        (["--indicator", "h2o"], "--method"),
+    ],
+)
+def test_options_contradicting_the_file(cake, args, flag):
+    path, _ = cake
+    line = one_error_line(invoke("qa", path, "Who?", *args), 2, f"{flag}")
+    assert "contradicts" in line and "drop" in line
+
+
+def test_same_options_as_the_file_are_fine(cake):
+    path, _ = cake
+    result = invoke("qa", path, "Who?", "-b", "64", "--method", "cake", "-m", "tiny-test", "-w", "8", "-n", "2")
+    assert result.exit_code == 0, result.stderr
+
+
+def test_usage_errors(cake, doc, cli_env):
+    path, _ = cake
+    one_error_line(invoke("complete", path), 2, "raw text")
+    one_error_line(invoke("compress", doc, *TINY), 2, "--output")
+    one_error_line(invoke("compress", doc, "-o", cli_env / "x.bin", *TINY), 2, "does not end in .cake")
+    one_error_line(invoke("compress", path, "-o", cli_env / "y.cake", *TINY), 2, "already a compressed cache")
+    one_error_line(invoke("compress", doc, "-o", cli_env / "y.cake", "--scoring", "magic", *TINY), 2, "--scoring")
+    one_error_line(invoke("qa", doc, *TINY), 2, "needs a question")
+    one_error_line(invoke("qa", doc, "-q", "A?", "-q", " ", *TINY), 2, "non-empty question")
+    one_error_line(invoke("chat", "-", *TINY), 2, "stdin")
+    one_error_line(invoke("inspect-layers", path), 2, "already compressed")
+
+
+def test_full_cache_and_end_scoring(doc, cli_env):
+    full, end = cli_env / "full.cake", cli_env / "end.cake"
+    made = [
+        json.loads(invoke("compress", doc, "-o", path, *TINY, *args, "--json").stdout)
+        for path, args in ((full, ["--method", "full"]), (end, ["-b", "64", "--scoring", "end"]))
+    ]
+    assert not made[0]["evicted"] and made[0]["kv_bytes_kept"] == made[0]["kv_bytes_full"]
+    assert made[1]["evicted"] and made[1]["scoring"] == "end" and cachefile.read_saved(end).meta.probe_ids == []
+    assert made[0]["file_bytes"] > 3 * made[1]["file_bytes"]
+    answers = [json.loads(invoke("qa", path, QUESTIONS[0], "-n", "6", "--json").stdout) for path in (full, end)]
+    assert answers[0]["method"] == "full" and answers[0]["cache"]["kv_bytes"] == made[0]["kv_bytes_kept"]
+    evicted_now = json.loads(invoke("qa", full, QUESTIONS[0], "-n", "6", "-b", "64", "--json").stdout)
+    assert evicted_now["method"] == "cake" and evicted_now["evicted"], "a --budget evicts a full file with the question"
+    assert answers[1]["cache"]["scoring"] == "end"
+    q = answers[1]["cache"]["continuation_tokens"]
+    assert [(r["budget"], r["kept"]) for r in answers[1]["layers"]] == [
+        (r["budget"], r["kept"] + q) for r in made[1]["layers"]
+    ]

@@ -1,0 +1,93 @@
+"""Baseline indicators and allocations on small hand-checkable inputs (docs/method.md §Baselines)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cake_cli.engine.allocation import ALLOCATIONS, pyramid, pyramid_weights, uniform
+from cake_cli.engine.indicators import INDICATORS, smooth, token_scores, top_k_sorted
+from cake_cli.engine.methods import METHODS, resolve
+
+# one query head, one KV head, a 3-row window over 5 candidate tokens
+A = torch.tensor([[[0.10, 0.20, 0.30, 0.15, 0.25], [0.40, 0.10, 0.20, 0.20, 0.10], [0.05, 0.60, 0.05, 0.20, 0.10]]])
+POS = torch.arange(5).unsqueeze(0)
+
+
+def scores(kind, a=A, pos=POS, kv=1, pool=("avg", 1)):
+    return token_scores(kind, a, pos, kv, gamma=200.0, pool=pool)
+
+
+def test_h2o_sums_the_window_rows():
+    torch.testing.assert_close(scores("h2o"), torch.tensor([[0.55, 0.90, 0.55, 0.55, 0.45]]))
+
+
+def test_tova_uses_the_last_query_only():
+    torch.testing.assert_close(scores("tova"), torch.tensor([[0.05, 0.60, 0.05, 0.20, 0.10]]))
+
+
+def test_snapkv_means_then_max_pools_kernel_7():
+    # mean over rows = [0.1833, 0.3, 0.1833, 0.1833, 0.15]; a kernel of 7 covers all 5 tokens
+    torch.testing.assert_close(scores("snapkv"), torch.full((1, 5), 0.3))
+
+
+def test_cake_indicator_is_mean_plus_gamma_var_then_avg_pool():
+    mean = A[0].mean(dim=0)
+    var = A[0].var(dim=0, correction=1)
+    torch.testing.assert_close(scores("cake"), (mean + 200.0 * var).unsqueeze(0))
+    pooled = scores("cake", pool=("avg", 3))[0]
+    raw = mean + 200.0 * var
+    torch.testing.assert_close(pooled[0], (raw[0] + raw[1]) / 3)  # zero padding counted, as torch's default
+    torch.testing.assert_close(pooled[2], raw[1:4].mean())
+
+
+def test_streaming_keeps_sinks_and_the_most_recent():
+    pos = torch.arange(10).unsqueeze(0)
+    s = token_scores("streaming", torch.zeros(1, 1, 10), pos, 1, gamma=0.0, pool=("avg", 1))
+    assert top_k_sorted(s, 6).tolist() == [[0, 1, 2, 3, 8, 9]]
+
+
+def test_gqa_averages_each_kv_heads_query_heads():
+    a = torch.stack([A[0], 2 * A[0], A[0], A[0]])  # 4 query heads, 2 KV heads (g = 2)
+    s = token_scores("tova", a, POS.expand(2, 5), 2, gamma=0.0, pool=("avg", 1))
+    torch.testing.assert_close(s[0], 1.5 * A[0, -1])
+    torch.testing.assert_close(s[1], A[0, -1])
+
+
+def test_pyramid_is_linear_decreasing_and_sums_to_the_total():
+    w = pyramid_weights(5, beta=20)
+    assert w[0] == pytest.approx(2 - 1 / 20) and w[-1] == pytest.approx(1 / 20)
+    assert all(x > y for x, y in zip(w, w[1:]))
+    assert sum(w) == pytest.approx(5)
+    budgets = pyramid(5, 500, 1000)
+    assert sum(budgets) == 500 and budgets[0] == 195 and budgets[-1] == 5
+    assert budgets == sorted(budgets, reverse=True)
+
+
+def test_uniform_is_equal_and_capped():
+    assert uniform(4, 100, 1000) == [25, 25, 25, 25]
+    assert uniform(4, 100, 10) == [10, 10, 10, 10]
+
+
+def test_method_table_pairs():
+    assert METHODS["cake"] == ("cake", "cake")
+    assert METHODS["pyramidkv"] == ("pyramid", "snapkv")
+    assert METHODS["full"] is None
+
+
+def test_method_rows_name_registered_allocations_and_indicators():
+    for pair in METHODS.values():
+        if pair is not None:
+            assert pair[0] in ALLOCATIONS and pair[1] in INDICATORS
+    assert resolve("snapkv", allocation="cake") == ("cake", "snapkv")
+    assert resolve("full", indicator="h2o") is None
+
+
+@pytest.mark.parametrize("kind,kernel", [("avg", 5), ("avg", 3), ("max", 7), ("max", 1)])
+def test_smooth_equals_torch_pooling_bit_for_bit(kind, kernel):
+    torch.manual_seed(kernel)
+    pool = torch.nn.functional.avg_pool1d if kind == "avg" else torch.nn.functional.max_pool1d
+    for heads, m in [(1, 1), (3, 4), (8, 257), (14, 2049)]:
+        x = torch.rand(heads, m) ** 8  # attention-like: many small values
+        ref = pool(x.unsqueeze(1), kernel_size=kernel, stride=1, padding=kernel // 2).squeeze(1)
+        assert torch.equal(smooth(x, kind, kernel), ref)

@@ -1,0 +1,57 @@
+"""Tiny random models built in-process (no downloads), with sharpened q/k projections."""
+
+from __future__ import annotations
+
+import torch
+
+
+def tiny_llama(layers: int = 4, heads: int = 8, kv_heads: int = 2, head_dim: int = 8, vocab: int = 97, seed: int = 0):
+    """A random Llama-architecture model (fp32, eval) with GQA group heads // kv_heads."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=heads * head_dim,
+        intermediate_size=4 * heads * head_dim,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = None  # plain generate runs the full length, like the engine in tests
+    # larger weights make the attention less uniform, so eviction decisions are well separated
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(4.0)
+            layer.self_attn.k_proj.weight.mul_(4.0)
+    return model
+
+
+def tiny_family(
+    arch: str, layers: int = 4, heads: int = 8, kv_heads: int = 2, head_dim: int = 8, seed: int = 0, **config
+):
+    """A random model of family `arch` (fp32, eval; `tests.helpers.tiny.family_config` defaults, vocab 97),
+    with the same sharpened q/k projections as `tiny_llama` and random q/k norm weights where the
+    family has them (so the norms change the queries the window attention must see)."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers.tiny import family_config
+
+    torch.manual_seed(seed)
+    cfg = family_config(arch, layers=layers, heads=heads, kv_heads=kv_heads, head_dim=head_dim, vocab=97, **config)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    model.generation_config.eos_token_id = None  # plain generate runs the full length, like the engine here
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            for name in ("q_proj", "k_proj", "qkv_proj"):
+                if hasattr(attn, name):
+                    getattr(attn, name).weight.mul_(4.0)
+            for name in ("q_norm", "k_norm"):
+                if hasattr(attn, name):
+                    getattr(attn, name).weight.copy_(torch.randn_like(getattr(attn, name).weight) * 0.5 + 0.5)
+    return model

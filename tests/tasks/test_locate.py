@@ -1,0 +1,105 @@
+"""Needle location (cake_cli.tasks.answers.locate): the quote's passage, its offset, depth and PDF page."""
+
+from __future__ import annotations
+
+import pytest
+
+from cake_cli.tasks.answers.locate import THRESHOLD, candidates, content_words, locate, missing_words
+from tests.helpers.texts import license_text
+
+NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
+
+
+def planted(fraction: float) -> tuple[str, int]:
+    """LICENSE.txt with NEEDLE inserted at a paragraph break near `fraction` of its length."""
+    text = license_text()
+    at = text.find("\n\n", int(len(text) * fraction)) + 2
+    return text[:at] + NEEDLE + "\n\n" + text[at:], at
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        NEEDLE,
+        "The best thing to do in San Francisco is to eat a sandwich.",  # paraphrase, as SmolLM2 gives
+        f'The sentence is: "{NEEDLE}"',  # lead-in and quotes
+        "Sure.\nThe best thing to do in San Francisco is eat a sandwich and sit in Dolores Park",
+    ],
+)
+def test_locates_the_planted_sentence(fraction, answer):
+    text, at = planted(fraction)
+    location, score = locate(answer, text)
+    assert location is not None and score >= THRESHOLD
+    assert abs(location.start - at) <= 3
+    assert location.percent == pytest.approx(100 * location.start / len(text))
+    assert location.text.startswith("The best thing") and location.text in NEEDLE
+    assert location.page is None
+
+
+@pytest.mark.parametrize("answer", ["The special magic number is 1234567890.", "Yes", "", "I don't know."])
+def test_no_location_for_answers_not_in_the_document(answer):
+    text, _ = planted(0.5)
+    location, score = locate(answer, text)
+    assert location is None and score < THRESHOLD
+
+
+def test_page_comes_from_the_page_function():
+    text, _ = planted(0.5)
+    location, _ = locate(NEEDLE, text, page_of=lambda offset: 1 + offset // 1000)
+    assert location.page == 1 + location.start // 1000
+
+
+def test_candidates_prefer_quoted_and_sentence_pieces():
+    pieces = candidates('Answer: "Blue Falcon is the code name." It was in the second part.')
+    assert "Blue Falcon is the code name" in pieces
+    assert all(len(p) >= 12 for p in pieces) and pieces == sorted(pieces, key=len, reverse=True)
+
+
+LAUNCH = "The launch code for the vault is TANGO-417-ECHO."
+QUERY = "What is the launch code?"
+
+
+def launch_text() -> tuple[str, int]:
+    text = license_text()
+    at = text.find("\n\n", len(text) // 2) + 2
+    return text[:at] + LAUNCH + "\n\n" + text[at:], at
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "The launch code is 18.",  # the newcomer's case: the query's words echoed, a wrong value
+        "The launch code.",  # nothing but the query's words
+        "What is the launch code?",
+    ],
+)
+def test_an_echo_of_the_query_with_a_wrong_value_is_not_located(answer):
+    text, _ = launch_text()
+    location, _ = locate(answer, text, query=QUERY)
+    assert location is None
+
+
+@pytest.mark.parametrize(
+    "answer", ["The launch code is TANGO-417-ECHO.", "TANGO-417-ECHO", f"The sentence is: {LAUNCH}"]
+)
+def test_the_right_value_is_located_at_its_sentence(answer):
+    text, at = launch_text()
+    location, _ = locate(answer, text, query=QUERY)
+    assert location is not None and "TANGO-417-ECHO" in location.text
+    assert at - 3 <= location.start <= at + len(LAUNCH) and location.end <= at + len(LAUNCH) + 1
+
+
+def test_content_words_drop_the_query_and_function_words():
+    assert content_words("The launch code is 18.", QUERY) == ["18"]
+    assert content_words("It is TANGO-417-ECHO", QUERY) == ["tango", "417", "echo"]
+
+
+def test_a_quote_with_a_made_up_ending_is_located_and_its_extra_words_named():
+    text, at = planted(0.5)
+    answer = "The best thing to do in San Francisco is eat a sandwich and sit on the beach."  # SmolLM2's
+    query = "What is the best thing to do in San Francisco?"
+    location, _ = locate(answer, text, query=query)
+    assert location is not None and abs(location.start - at) <= 3
+    assert missing_words(location.text, content_words(answer, query)) == ["beach"]
+    assert locate("The best thing to do in San Francisco is to sit on the beach.", text, query=query)[0] is None

@@ -23,9 +23,9 @@ from cake_cli.errors import CakeError, UsageError, did_you_mean, unknown_name
 from cake_cli.models.profiles import check_model_spec
 from cake_cli.tasks.planning import cake_config_for, check_request
 from cake_cli.tasks.request import TaskRequest
-from cake_cli.tasks.templates import Template, load_template
+from cake_cli.tasks.templates import Template, load_template, task_names
 
-TASKS = ("summarize", "qa", "needle", "complete")  # the task commands a batch can run
+TASKS = task_names()  # the task commands a batch can run
 PATH_COLUMNS = ("document", "path")  # the manifest column that names each row's document
 MANIFEST_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 # request fields that are not options of the key (threads change the speed, not the answer)

@@ -13,6 +13,7 @@ from cake_cli.bench.datasets import HAYSTACKS, data_dir
 from cake_cli.bench.suites import TASKS, Suite, Variant
 from cake_cli.cli import options as o
 from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.methods import METHODS
 from cake_cli.errors import UsageError
 from cake_cli.models.profiles import profile_of
 from cake_cli.tasks.planning import cake_config_for
@@ -20,9 +21,7 @@ from cake_cli.tasks.request import TaskRequest
 
 Methods = Annotated[
     str,
-    typer.Option(
-        metavar="LIST", help="Comma-separated methods: full, streamingllm, h2o, tova, snapkv, pyramidkv, cake."
-    ),
+    typer.Option(metavar="LIST", help=f"Comma-separated methods: {', '.join(METHODS)}."),
 ]
 Pairings = Annotated[
     str,
@@ -171,3 +170,23 @@ def grid_setup(model, window, dtype, attention, threads, haystack, suite, budget
         raise UsageError("--threads must be >= 0")
     configs = configs_for(model, window, budgets)
     return GridSetup(model, dtype, attention, threads, haystack, suite, variants, configs, output, json_out)
+
+
+@dataclass(frozen=True)
+class CacheBenchSetup:
+    """A checked `cake bench cache` run: what to load and which parts to measure."""
+
+    model: str | None
+    budget: int  # B of the timed .cake files, tokens per layer on average (window included)
+    window: int | None
+    dtype: str
+    threads: int  # torch CPU threads (0: torch's default)
+    length: int  # prompt tokens of the timed document
+    parts: list[str]  # of `cli.commands.bench_cache.PARTS`
+    repeats: int  # timed repeats per measurement
+    new_tokens: int  # tokens each end-to-end answer generates
+    configs: dict[int, CakeConfig]  # budget -> settings, for the quality part
+    suite: dict  # `bench.suites.Suite` fields of the quality part's cases
+    haystack: str
+    output: Path | None
+    json_out: bool

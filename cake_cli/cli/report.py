@@ -24,6 +24,7 @@ from cake_cli.tasks.results import (
     RunResult,
     human_bytes,
 )
+from cake_cli.tasks.templates import load_template
 
 BAR_WIDTH = 30
 STOPS = {  # GenerationResult.stop_reason -> what the report says
@@ -122,7 +123,7 @@ def summary_table(r: RunResult) -> Table:
     _row(t, "output", f"{r.generated_tokens} tokens, stopped by {STOPS.get(r.stop_reason, r.stop_reason)}")
     if r.cache is not None:
         _row(t, "saved cache", cache_text(r.cache))
-    if r.task == "needle":
+    if load_template(r.task).locate:  # a template that quotes its passage (needle search)
         t.add_row("location", location_text(r.location))
     return t
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from cake_cli.engine.policy import EvictionPolicy
+
 
 class NonFiniteError(ValueError):
     """The model produced inf/NaN keys or values; they are never written into the cache."""
@@ -148,14 +150,14 @@ class CakeCache(Cache):
             global layer (`families.attention_layout(config).windows`); None: every layer global.
 
     Attributes:
-        policy: object with `after_attention(cache, layer_idx, query, key, scaling, probs=, softcap=)`
+        policy: an `engine.policy.EvictionPolicy` (its `after_attention` runs after each layer attends)
             or None (None = plain full cache, used as the no-eviction baseline).
         peak_bytes: largest sum over layers of cached KV bytes seen after any update or eviction.
         full_bytes: KV bytes the full cache held, summed when each layer received its prompt (a
             local layer: its native window, what the model's own cache keeps).
     """
 
-    def __init__(self, num_layers: int, policy=None, windows=None):
+    def __init__(self, num_layers: int, policy: EvictionPolicy | None = None, windows=None):
         windows = list(windows) if windows is not None else [None] * num_layers
         if len(windows) != num_layers:
             raise ValueError(f"{len(windows)} layer windows for {num_layers} layers")

@@ -28,7 +28,7 @@ from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.cascade import CascadePrefill, LayerStats
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.families import attention_layout
-from cake_cli.engine.generate import GenerationResult, Prefilled, _forward, _sync, decode, prefill
+from cake_cli.engine.generate import GenerationResult, Prefilled, decode, forward_step, prefill, sync_device
 
 
 class DeferredCascade(CascadePrefill):
@@ -138,10 +138,10 @@ def extend(model, state: Prefilled, ids: torch.Tensor, *, step_logits: list | No
     layout = attention_layout(model.config)
     if layout.limit is not None and start + ids.shape[1] > layout.limit:
         raise ValueError(f"the prompt has {start + ids.shape[1]} tokens, past {layout.limit_text()}")
-    _sync(ids.device)
+    sync_device(ids.device)
     began = time.perf_counter()
-    logits = _forward(model, cache, ids, start, step_logits)
-    _sync(ids.device)
+    logits = forward_step(model, cache, ids, start, step_logits)
+    sync_device(ids.device)
     seconds = time.perf_counter() - began
     cache.full_bytes = full_cache_bytes(cache, cache.layers[0].seen)
     kept = cache.kv_bytes()
@@ -255,10 +255,10 @@ def extend_and_evict(model, state: Prefilled, input_ids: torch.Tensor, config: C
     drop_from(cache, start)
     cascade = DeferredCascade(config, len(cache.layers), total, on_layer, windows=cache.windows)
     cache.policy = cascade
-    _sync(input_ids.device)
+    sync_device(input_ids.device)
     began = time.perf_counter()
-    logits = _forward(model, cache, input_ids[:, start:], start, None)
-    _sync(input_ids.device)
+    logits = forward_step(model, cache, input_ids[:, start:], start, None)
+    sync_device(input_ids.device)
     seconds = time.perf_counter() - began
     cache.full_bytes = full_cache_bytes(cache, total)
     return Prefilled(cache, cascade, logits, seconds, cache.lengths(), cache.kv_bytes(), cache.peak_bytes)

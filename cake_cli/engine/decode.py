@@ -99,5 +99,7 @@ class GrowDecode:
 
     seconds = 0.0
 
-    def after_attention(self, cache, layer_idx, query, key, scaling, probs=None, softcap=None) -> None:
+    def after_attention(
+        self, cache, layer_idx, query, key, scaling, probs=None, softcap=None
+    ) -> None:  # EvictionPolicy
         """Nothing to do."""

@@ -14,6 +14,8 @@ from cake_cli.engine.cascade import CascadePrefill, LayerStats
 from cake_cli.engine.config import CakeConfig, SamplingConfig
 from cake_cli.engine.decode import FixedDecode, GrowDecode
 from cake_cli.engine.families import attention_layout
+from cake_cli.engine.measures import saved_fraction, tokens_per_second
+from cake_cli.engine.policy import CascadeView
 from cake_cli.engine.sampling import Sampler, repeated_tail
 
 
@@ -51,20 +53,21 @@ class GenerationResult:
     @property
     def decode_tokens_per_second(self) -> float:
         """Decode forward passes per second (0 when there were none)."""
-        return self.decode_steps / self.decode_seconds if self.decode_seconds > 0 else 0.0
+        return tokens_per_second(self.decode_steps, self.decode_seconds)
 
     @property
     def saved_fraction(self) -> float:
         """1 - kept / full KV bytes after prefill."""
-        return 1.0 - self.kv_bytes_kept / self.kv_bytes_full if self.kv_bytes_full else 0.0
+        return saved_fraction(self.kv_bytes_kept, self.kv_bytes_full)
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA), so wall-clock timings measure it; no-op on CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _forward(model, cache: CakeCache, ids: torch.Tensor, start: int, step_logits: list | None) -> torch.Tensor:
+def forward_step(model, cache: CakeCache, ids: torch.Tensor, start: int, step_logits: list | None) -> torch.Tensor:
     """One forward of ids [1, q] at true positions start..start+q-1 -> next-token logits [1, V]."""
     positions = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)  # [1, q]
     out = model(input_ids=ids, position_ids=positions, cache=cache, cake=cache, use_cache=True, logits_to_keep=1)
@@ -84,7 +87,7 @@ class Prefilled:
     """The state right after prefill: the cache (already evicted), the cascade and timings."""
 
     cache: CakeCache
-    cascade: CascadePrefill | None
+    cascade: CascadeView | None  # the live CascadePrefill, or a SavedCascade
     logits: torch.Tensor  # [1, V] next-token logits
     seconds: float
     lengths: list[int]  # tokens per layer after prefill
@@ -145,10 +148,10 @@ def prefill(
         else None
     )
     cache = CakeCache(num_layers, policy=cascade, windows=layout.windows)
-    _sync(input_ids.device)
+    sync_device(input_ids.device)
     start = time.perf_counter()
-    logits = _forward(model, cache, input_ids, 0, step_logits)
-    _sync(input_ids.device)
+    logits = forward_step(model, cache, input_ids, 0, step_logits)
+    sync_device(input_ids.device)
     seconds = time.perf_counter() - start
     return Prefilled(cache, cascade, logits, seconds, cache.lengths(), cache.kv_bytes(), cache.peak_bytes)
 
@@ -260,8 +263,8 @@ def decode(
             break
         ids = torch.tensor([[token]], device=device)
         t1 = time.perf_counter()
-        logits = _forward(model, cache, ids, n + len(tokens) - 1, step_logits)
-        _sync(device)
+        logits = forward_step(model, cache, ids, n + len(tokens) - 1, step_logits)
+        sync_device(device)
         decode_seconds += time.perf_counter() - t1
         steps += 1
 

@@ -19,18 +19,20 @@ from cake_cli.engine.cascade import CascadePrefill
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.continuation import clone_cache
 from cake_cli.engine.families import attention_layout
-from cake_cli.engine.generate import Prefilled, _forward, _sync
+from cake_cli.engine.generate import Prefilled, forward_step, sync_device
 from cake_cli.engine.window import window_attention
 
 
-class _Recorder:
+class Recorder:
     """Prefill policy that keeps every layer's window attention and evicts nothing."""
 
     def __init__(self, window: int):
         self.window = window
         self.attention: dict[int, torch.Tensor] = {}
 
-    def after_attention(self, cache, layer_idx, query, key, scaling, probs=None, softcap=None) -> None:
+    def after_attention(
+        self, cache, layer_idx, query, key, scaling, probs=None, softcap=None
+    ) -> None:  # EvictionPolicy
         if query.shape[2] > self.window and cache.layers[layer_idx].window is None:  # local layers are not scored
             self.attention[layer_idx] = window_attention(query[0, :, -self.window :, :], key[0], scaling, softcap)
 
@@ -53,12 +55,12 @@ def record(model, input_ids: torch.Tensor, window: int) -> Recording:
     Memory: the full KV cache plus L · H · w · n float32 values.
     """
     num_layers = model.config.num_hidden_layers
-    recorder = _Recorder(window)
+    recorder = Recorder(window)
     cache = CakeCache(num_layers, policy=recorder, windows=attention_layout(model.config).windows)
-    _sync(input_ids.device)
+    sync_device(input_ids.device)
     start = time.perf_counter()
-    logits = _forward(model, cache, input_ids, 0, None)
-    _sync(input_ids.device)
+    logits = forward_step(model, cache, input_ids, 0, None)
+    sync_device(input_ids.device)
     cache.policy = None
     return Recording(
         cache, [recorder.attention.get(i) for i in range(num_layers)], logits, window, time.perf_counter() - start

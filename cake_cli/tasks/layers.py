@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.results import InspectResult
-from cake_cli.tasks.runner import ReadyModel, prepare, run_engine, summary_fields
+from cake_cli.tasks.runner import ReadyModel, prepare, run_engine, run_summary
 
 
 def inspect_layers(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel | None = None) -> InspectResult:
@@ -33,7 +33,7 @@ def inspect_layers(plan: Plan, callbacks: Callbacks | None = None, model: ReadyM
     prep = prepare(plan, cb, model)
     result = run_engine(prep, cb, max_new_tokens=0)
     return InspectResult(
-        **summary_fields(prep, result),
+        **run_summary(prep, result),
         document=plan.doc.source,
         template=plan.request.task,
         evictable_total=prep.config.evictable_total(sum(row.window is None for row in result.layers))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from cake_cli import __version__
+from cake_cli.engine.allocation import preference_weights
+from cake_cli.engine.measures import saved_fraction, tokens_per_second
 
 
 def human_bytes(n: int) -> str:
@@ -102,7 +104,7 @@ class PrefillSummary:
     @property
     def saved_fraction(self) -> float:
         """1 - kept / full KV bytes after prefill."""
-        return 1.0 - self.kv_bytes_kept / self.kv_bytes_full if self.kv_bytes_full else 0.0
+        return saved_fraction(self.kv_bytes_kept, self.kv_bytes_full)
 
     def to_dict(self) -> dict:
         """JSON-ready dict: every field plus saved_fraction and the cake-cli version."""
@@ -112,6 +114,47 @@ class PrefillSummary:
         data["saved_fraction"] = self.saved_fraction
         data["cake_cli_version"] = __version__
         return data
+
+
+def summary_fields(
+    loaded, backend: str, dtype: str, tokens: tuple[int, int, int], settings: Mapping, engine, threads
+) -> dict:
+    """The PrefillSummary fields of any run, the one place they are filled (task runs, inspect-layers,
+    `cake compress`).
+
+    Args:
+        loaded: the `models.loader.LoadedModel` (name, device, dtype_reason, load_seconds).
+        backend: the attention backend in use.
+        dtype: the dtype the KV cache was computed in, e.g. "bfloat16".
+        tokens: (prompt, document as used, document before truncation) token counts.
+        settings: budget, window, tau1, tau2, tau_rule and gamma as used (all None / "" for --method full).
+        engine: the prefill's measured numbers: `evicted`, `layers` (engine `LayerRow`s), `kv_bytes_full`,
+            `kv_bytes_kept`, `kv_peak_prefill` (bytes), `prefill_seconds`, `eviction_seconds`, and
+            `load_seconds` when it differs from the loader's (a saved cache).
+        threads: the `tasks.threads.Threads` choice (prefill, decode, reason).
+    """
+    return dict(
+        model=loaded.name,
+        device=str(loaded.device),
+        dtype=dtype,
+        dtype_reason=loaded.dtype_reason,
+        attention=backend,
+        prompt_tokens=tokens[0],
+        document_tokens=tokens[1],
+        original_document_tokens=tokens[2],
+        **{k: settings[k] for k in ("budget", "window", "tau1", "tau2", "tau_rule", "gamma")},
+        evicted=engine.evicted,
+        layers=layer_results(engine.layers),
+        kv_bytes_full=engine.kv_bytes_full,
+        kv_bytes_kept=engine.kv_bytes_kept,
+        kv_peak_prefill=engine.kv_peak_prefill,
+        load_seconds=getattr(engine, "load_seconds", loaded.load_seconds),
+        prefill_seconds=engine.prefill_seconds,
+        eviction_seconds=engine.eviction_seconds,
+        prefill_threads=threads.prefill,
+        decode_threads=threads.decode,
+        threads_reason=threads.reason,
+    )
 
 
 @dataclass(frozen=True)
@@ -138,7 +181,7 @@ class RunResult(PrefillSummary):
 
     @property
     def decode_tokens_per_second(self) -> float:
-        return self.decode_steps / self.decode_seconds if self.decode_seconds > 0 else 0.0
+        return tokens_per_second(self.decode_steps, self.decode_seconds)
 
     def to_dict(self) -> dict:
         """JSON-ready dict: every field plus the derived ratios."""
@@ -151,14 +194,13 @@ class RunResult(PrefillSummary):
 
 
 def preference_shares(log_prefs: list[float | None]) -> list[float | None]:
-    """P_l / sum P from log P (softmax); None entries stay None."""
-    finite = [x for x in log_prefs if x is not None and x != float("-inf")]
-    if not finite:
-        return [None if x is None else 0.0 for x in log_prefs]
-    top = max(finite)
-    weights = [None if x is None else (0.0 if x == float("-inf") else math.exp(x - top)) for x in log_prefs]
-    total = sum(w for w in weights if w is not None)
-    return [None if w is None else w / total for w in weights]
+    """P_l / sum P from log P, with the allocation's own weights (`allocation.preference_weights`:
+    P = 0 layers get 0, and every layer the same share when all P are 0, as the budgets are then
+    uniform); None entries (unscored layers) stay None."""
+    weights = iter(preference_weights([x for x in log_prefs if x is not None]))
+    shares = [None if x is None else next(weights) for x in log_prefs]
+    total = sum(s for s in shares if s is not None)
+    return [None if s is None else s / total for s in shares]
 
 
 def layer_results(rows) -> tuple[LayerResult, ...]:

@@ -24,7 +24,7 @@ from cake_cli.tasks.answers.completion import DEFAULT_LINES, CodeFilter, filter_
 from cake_cli.tasks.answers.locate import THRESHOLD, content_words, locate, missing_words
 from cake_cli.tasks.inputs.documents import page_of_offset
 from cake_cli.tasks.request import Callbacks, Plan, TaskRequest
-from cake_cli.tasks.results import Location, RunResult, layer_results
+from cake_cli.tasks.results import Location, RunResult, summary_fields
 from cake_cli.tasks.templates import Prompt, build_prompt
 from cake_cli.tasks.threads import Threads, choose, decode_following_load
 from cake_cli.tasks.threads import using as threads_using
@@ -144,42 +144,17 @@ class _Streamer(TextStreamer):
             self.on_text(text)
 
 
-def summary_fields(prep: Prepared, result) -> dict:
+def run_summary(prep: Prepared, result) -> dict:
     """The PrefillSummary fields (`tasks.results`) of a run, from its prepared state and its engine
     result (a `GenerationResult` or a `Prefilled`-derived object with the same names)."""
     loaded, config, prompt = prep.loaded, prep.config, prep.prompt
     settings = dict(budget=None, window=None, tau1=None, tau2=None, tau_rule="", gamma=None)  # --method full
     if config is not None:
-        settings = dict(
-            budget=config.budget,
-            window=config.window,
-            tau1=config.tau1,
-            tau2=config.tau2,
-            tau_rule=prep.plan.tau_rule,
-            gamma=config.gamma,
-        )
-    return dict(
-        model=loaded.name,
-        device=str(loaded.device),
-        dtype=str(loaded.dtype).replace("torch.", ""),
-        dtype_reason=loaded.dtype_reason,
-        attention=prep.backend,
-        prompt_tokens=len(prompt.input_ids),
-        document_tokens=prompt.document_tokens,
-        original_document_tokens=prompt.original_document_tokens,
-        **settings,
-        evicted=result.evicted,
-        layers=layer_results(result.layers),
-        kv_bytes_full=result.kv_bytes_full,
-        kv_bytes_kept=result.kv_bytes_kept,
-        kv_peak_prefill=result.kv_peak_prefill,
-        load_seconds=loaded.load_seconds,
-        prefill_seconds=result.prefill_seconds,
-        eviction_seconds=result.eviction_seconds,
-        prefill_threads=prep.threads.prefill,
-        decode_threads=prep.threads.decode,
-        threads_reason=prep.threads.reason,
-    )
+        settings = {**{k: getattr(config, k) for k in ("budget", "window", "tau1", "tau2", "gamma")}}
+        settings["tau_rule"] = prep.plan.tau_rule
+    tokens = (len(prompt.input_ids), prompt.document_tokens, prompt.original_document_tokens)
+    dtype = str(loaded.dtype).replace("torch.", "")
+    return summary_fields(loaded, prep.backend, dtype, tokens, settings, result, prep.threads)
 
 
 def run_task(plan: Plan, callbacks: Callbacks | None = None, model: ReadyModel | None = None) -> RunResult:
@@ -231,7 +206,7 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
     if template.locate:
         location = _locate(answer, plan, cb, prep.warnings)
     return RunResult(
-        **summary_fields(prep, result),
+        **run_summary(prep, result),
         task=request.task,
         answer=answer,
         decode_policy=plan.config.decode_policy,

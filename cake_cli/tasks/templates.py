@@ -145,6 +145,15 @@ def _template_problem(exc: ValidationError, name: str) -> CakeError:
     return CakeError(f"template {name}: {_TEMPLATE_MESSAGES.get(field, f'{field!r} must be text')}")
 
 
+BENCH_PREFIX = "bench_"  # templates of `cake bench` only, not task commands
+
+
+def task_names() -> tuple[str, ...]:
+    """The task commands' templates (`templates/*.yaml` without the benchmarks'), sorted: the one
+    list of tasks (`cake batch TASK`, help texts)."""
+    return tuple(sorted(p.stem for p in template_dir().glob("*.yaml") if not p.stem.startswith(BENCH_PREFIX)))
+
+
 def load_template(task: str) -> Template:
     """Load and validate `templates/<task>.yaml` (strict: unknown keys, wrong types are errors).
 

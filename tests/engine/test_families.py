@@ -19,7 +19,7 @@ from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.families import UnsupportedModelError, attention_layout, check_model
-from cake_cli.engine.generate import _forward, decode, generate, prefill
+from cake_cli.engine.generate import decode, forward_step, generate, prefill
 from cake_cli.engine.replay import record
 from tests.helpers.models import tiny_family
 from tests.helpers.oracles import check_eviction, check_no_eviction
@@ -153,7 +153,7 @@ def test_every_layer_sliding_limits_prompt_and_generation_to_the_window():
         UnsupportedModelError, match="^layer 0 attends over a sliding window of 16 tokens and has seen 17: past"
     ):
         with torch.inference_mode():
-            _forward(m, state.cache, prompt(5, seed=3), 12, None)
+            forward_step(m, state.cache, prompt(5, seed=3), 12, None)
 
 
 def test_a_cache_without_the_local_layers_is_refused():
@@ -163,7 +163,7 @@ def test_a_cache_without_the_local_layers_is_refused():
         torch.inference_mode(),
         pytest.raises(UnsupportedModelError, match="sliding window of 8 tokens and has seen 12"),
     ):
-        _forward(m, CakeCache(m.config.num_hidden_layers), prompt(12), 0, None)
+        forward_step(m, CakeCache(m.config.num_hidden_layers), prompt(12), 0, None)
 
 
 def test_layouts_of_the_families():

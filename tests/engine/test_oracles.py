@@ -7,7 +7,7 @@ import torch
 
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.generate import _forward, generate, prefill
+from cake_cli.engine.generate import forward_step, generate, prefill
 from tests.helpers.oracles import check_eviction, check_no_eviction
 from tests.helpers.reference import MaskedReference
 
@@ -60,7 +60,7 @@ def test_multi_token_continuation_after_eviction_matches_single_steps(tiny_model
             two = prefill(tiny_model, ids, config)
             two.cache.policy = None
             steps = torch.cat(
-                [_forward(tiny_model, two.cache, extra[:, i : i + 1], 72 + i, None) for i in range(5)]
+                [forward_step(tiny_model, two.cache, extra[:, i : i + 1], 72 + i, None) for i in range(5)]
             ).float()
         torch.testing.assert_close(together, steps, atol=1e-4, rtol=0)
         # positions are the true ones, not the compressed length

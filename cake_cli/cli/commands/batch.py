@@ -14,14 +14,14 @@ from typing import Annotated
 
 import typer
 
-from cake_cli.batch.rows import batch_rows, check_options, parse_fields
+from cake_cli.batch.rows import TASKS, batch_rows, check_options, parse_fields
 from cake_cli.cli.app import app, handled
 from cake_cli.cli.commands.tasks import task_request
 from cake_cli.cli.options import TaskOptions, with_options
 from cake_cli.errors import CakeError, UsageError
 from cake_cli.files import check_writable
 
-Task = Annotated[str, typer.Argument(help="The task: summarize, qa, needle or complete.", metavar="TASK")]
+Task = Annotated[str, typer.Argument(help=f"The task: {', '.join(TASKS)}.", metavar="TASK")]
 Input = Annotated[
     str,
     typer.Argument(
@@ -140,9 +140,7 @@ def batch(
         if ray is not None and importlib.util.find_spec("ray") is None:
             raise CakeError("--ray needs Ray, which is not installed", "pip install 'cake-cli[ray]'")
         rows, duplicates = batch_rows(input, base, template, pattern, fields, output)
-        from cake_cli.cli.runners import (
-            batch as batch_run,  # noqa: PLC0415 - torch and the models load only once everything is checked
-        )
+        from cake_cli.cli.runners import batch as batch_run  # noqa: PLC0415 - torch loads after the checks
 
         code = batch_run.run_and_report(base, rows, duplicates, output, opts, (workers, threads, ray))
     raise typer.Exit(code)

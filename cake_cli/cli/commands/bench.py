@@ -36,6 +36,7 @@ from cake_cli.cli.bench_options import (
     int_list,
     suite_from,
 )
+from cake_cli.engine.methods import METHODS
 
 bench_app = typer.Typer(**HELP_STYLE, no_args_is_help=True, help="Benchmarks that print numbers.")
 app.add_typer(bench_app, name="bench")
@@ -45,7 +46,7 @@ app.add_typer(bench_app, name="bench")
 def quality(
     model: o.Model = None,
     window: o.Window = None,
-    methods: Methods = "full,streamingllm,h2o,tova,snapkv,pyramidkv,cake",
+    methods: Methods = ",".join(METHODS),
     pairings: Pairings = "",
     budgets: Annotated[
         str | None,
@@ -89,9 +90,7 @@ def quality(
         sizes = int_list(budgets or ("128,256,512" if quick else "64,128,256,512,1024"), "--budgets")
         variants = parse_variants(methods, pairings)
         setup = grid_setup(model, window, dtype, attention, threads, haystack, suite, sizes, variants, output, json_out)
-        from cake_cli.cli.runners import (
-            bench as bench_run,  # noqa: PLC0415 - torch and the model load only once options are checked
-        )
+        from cake_cli.cli.runners import bench as bench_run  # noqa: PLC0415 - torch loads after the checks
 
         bench_run.quality(setup, plot, markdown)
 
@@ -134,8 +133,6 @@ def tau_search(
         grid1, grid2 = float_list(tau1, "--tau1", 0.01, 100.0), float_list(tau2, "--tau2", 0.01, 100.0)
         variants = tau_variants(grid1, grid2)
         setup = grid_setup(model, window, dtype, attention, threads, haystack, suite, sizes, variants, output, json_out)
-        from cake_cli.cli.runners import (
-            bench as bench_run,  # noqa: PLC0415 - torch and the model load only once options are checked
-        )
+        from cake_cli.cli.runners import bench as bench_run  # noqa: PLC0415 - torch loads after the checks
 
         bench_run.tau_search(setup, grid1, grid2, write_profile)

@@ -12,7 +12,16 @@ from cake_cli.bench.datasets import HAYSTACKS, data_dir
 from cake_cli.bench.needles import NEEDLE_TASKS
 from cake_cli.cli import options as o
 from cake_cli.cli.app import handled
-from cake_cli.cli.bench_options import Depths, Haystack, Lengths, Threads, configs_for, float_list, int_list
+from cake_cli.cli.bench_options import (
+    CacheBenchSetup,
+    Depths,
+    Haystack,
+    Lengths,
+    Threads,
+    configs_for,
+    float_list,
+    int_list,
+)
 from cake_cli.cli.commands.bench import bench_app
 from cake_cli.errors import UsageError
 
@@ -72,7 +81,20 @@ def cache(
         )
         from cake_cli.cli.runners import bench_cache as bench_cache_run  # noqa: PLC0415 - torch loads after checks
 
-        bench_cache_run.run(
-            model, budget, window, dtype, threads, length, chosen, repeats, new_tokens,
-            {b: configs[b] for b in sizes}, suite, haystack, output, json_out,
-        )  # fmt: skip
+        setup = CacheBenchSetup(
+            model=model,
+            budget=budget,
+            window=window,
+            dtype=dtype,
+            threads=threads,
+            length=length,
+            parts=chosen,
+            repeats=repeats,
+            new_tokens=new_tokens,
+            configs={b: configs[b] for b in sizes},
+            suite=suite,
+            haystack=haystack,
+            output=output,
+            json_out=json_out,
+        )
+        bench_cache_run.run(setup)

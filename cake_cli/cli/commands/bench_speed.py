@@ -77,9 +77,7 @@ def speed(
         for d in dtype_list:
             check_dtype(d)
         configs = {m: configs_for(m, window, [budget])[budget] for m in model_list}
-        from cake_cli.cli.runners import (
-            bench_speed,  # noqa: PLC0415 - torch and the model load only once options are checked
-        )
+        from cake_cli.cli.runners import bench_speed  # noqa: PLC0415 - torch loads after the checks
 
         bench_speed.speed(
             bench_speed.SpeedSetup(

@@ -70,9 +70,7 @@ def compress(
         target = check_writable(output, "--output")
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(task_request(COMPRESS, source, {}, opts), progress)
-        from cake_cli.cli.runners import (
-            compress as sessions,  # noqa: PLC0415 - torch and the model load only once everything is checked
-        )
+        from cake_cli.cli.runners import compress as sessions  # noqa: PLC0415 - torch loads after the checks
 
         sessions.compress_and_save(checked, opts, progress, target, scoring)
 
@@ -91,8 +89,6 @@ def chat(document: o.RequiredDocument, scoring: Scoring = DEFAULT_SCORING, *, op
         output = check_writable(opts.output, "--output") if opts.output else None
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(task_request("qa", document, {"question": "?"}, opts), progress)
-        from cake_cli.cli.runners import (
-            compress as sessions,  # noqa: PLC0415 - torch and the model load only once everything is checked
-        )
+        from cake_cli.cli.runners import compress as sessions  # noqa: PLC0415 - torch loads after the checks
 
         sessions.chat(checked, opts, progress, output, scoring)

@@ -27,8 +27,6 @@ def inspect_layers(document: o.InspectDocument = None, *, opts: PrefillOptions) 
         request = task_request(INSPECT_TEMPLATE, document or str(sample_document()), {}, opts)
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(request, progress)
-        from cake_cli.cli.runners import (
-            tasks as run,  # noqa: PLC0415 - torch and the model load only once everything is checked
-        )
+        from cake_cli.cli.runners import inspect_layers as run  # noqa: PLC0415 - torch loads after the checks
 
         run.inspect_and_show(checked, opts, progress)

@@ -124,9 +124,7 @@ def run_command(
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(request, progress)
         plans = [for_fields(checked, {"question": q}) for q in questions] if questions else [checked]
-        from cake_cli.cli.runners import (
-            tasks as run,  # noqa: PLC0415 - torch and the model load only once everything is checked
-        )
+        from cake_cli.cli.runners import tasks as run  # noqa: PLC0415 - torch loads after the checks
 
         run.run_and_report(plans, opts, progress, output)
 

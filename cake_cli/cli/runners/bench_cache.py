@@ -15,6 +15,7 @@ from cake_cli.bench.corpus import python_docs_text
 from cake_cli.bench.quality.run import Model as QualityModel
 from cake_cli.bench.reuse import QUESTION, document_file, end_to_end, first_token, quality_rows, summarize_quality
 from cake_cli.bench.suites import Suite
+from cake_cli.cli.bench_options import CacheBenchSetup
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.cli.runners.bench_common import command_line, machine
 from cake_cli.files import write_atomic
@@ -27,9 +28,16 @@ from cake_cli.tasks.threads import using
 TEMPLATE_ALLOWANCE = 100  # prompt tokens that are not the document (chat opening, instruction, question)
 
 
-def run(model, budget, window, dtype, threads_n, length, parts, repeats, new_tokens, configs, suite, haystack, output,
-        json_out) -> None:  # fmt: skip
-    """Run the chosen parts (`cli.commands.bench_cache.PARTS`) and show their numbers."""
+def run(setup: CacheBenchSetup) -> None:
+    """Run the chosen parts (`cli.commands.bench_cache.PARTS`) and show their numbers (or one JSON object)."""
+    model, budget, window, dtype, parts = setup.model, setup.budget, setup.window, setup.dtype, setup.parts
+    length, repeats, new_tokens, configs, output = (
+        setup.length,
+        setup.repeats,
+        setup.new_tokens,
+        setup.configs,
+        setup.output,
+    )
     err = stderr_console()
 
     def status(message: str) -> None:
@@ -37,7 +45,7 @@ def run(model, budget, window, dtype, threads_n, length, parts, repeats, new_tok
 
     request = TaskRequest(task="qa", document="-", model=model, budget=budget, window=window, dtype=dtype)
     data: dict = {"meta": {"command": command_line(), "question": QUESTION}}
-    with using(threads_n):
+    with using(setup.threads):
         data["meta"]["machine"] = machine()
         ready = ready_model(request, Callbacks(on_status=status))
         loaded = ready.loaded
@@ -60,13 +68,13 @@ def run(model, budget, window, dtype, threads_n, length, parts, repeats, new_tok
                 data["e2e"] = {"doc_seconds": doc_s, "cake_seconds": cake_s, "speedup": doc_s / cake_s}
         if "quality" in parts:
             qmodel = QualityModel(loaded.model, loaded.tokenizer, prompt_limit(loaded, 64), stop_token_ids(loaded))
-            cases = Suite(**suite, split="eval").specs()
-            rows = quality_rows(qmodel, configs, cases, haystack, on_step=status)
+            cases = Suite(**setup.suite, split="eval").specs()
+            rows = quality_rows(qmodel, configs, cases, setup.haystack, on_step=status)
             data["quality"] = {"summary": summarize_quality(rows), "rows": rows}
     text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
     if output is not None:
         write_atomic(output, text, "--output")
-    if json_out:
+    if setup.json_out:
         sys.stdout.write(text)
         return
     show(data)

@@ -21,6 +21,7 @@ from cake_cli.models.profiles import check_model_spec, model_spec
 from cake_cli.tasks.inputs.documents import Document
 from cake_cli.tasks.request import TaskRequest
 from cake_cli.tasks.saved.fileformat import CacheMeta, SavedCache
+from cake_cli.tasks.templates import load_template
 
 
 def _contradiction(saved: SavedCache, flag: str, given, stored) -> UsageError:
@@ -73,9 +74,9 @@ def settle(request: TaskRequest, saved: SavedCache) -> TaskRequest:
         CakeError: the file's model is not available here.
     """
     meta = saved.meta
-    if request.task == "complete" or request.at_line is not None:
+    if not load_template(request.task).chat or request.at_line is not None:
         raise UsageError(
-            f"complete continues a source file as raw text; {saved.name} holds a chat prompt's document",
+            f"{request.task} continues a source file as raw text; {saved.name} holds a chat prompt's document",
             "give the source file itself",
         )
     model = _model(request, saved)

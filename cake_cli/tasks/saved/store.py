@@ -11,6 +11,7 @@ import datetime
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from safetensors.torch import load as load_tensors
@@ -26,7 +27,7 @@ from cake_cli.files import write_atomic
 from cake_cli.models.fingerprint import fingerprint
 from cake_cli.models.profiles import model_spec
 from cake_cli.tasks.request import Callbacks, Plan
-from cake_cli.tasks.results import CompressResult, PrefillSummary, human_bytes, layer_results
+from cake_cli.tasks.results import CompressResult, human_bytes, summary_fields
 from cake_cli.tasks.runner import ReadyModel, ready_model
 from cake_cli.tasks.saved.fileformat import FORMAT, FORMAT_VERSION, META_KEY, CacheMeta, LayerMeta, data_sha256
 from cake_cli.tasks.threads import Threads, choose
@@ -178,27 +179,18 @@ def compress_result(compressed: Compressed, path: Path, file_bytes: int, load_se
     """The report of `cake compress` (one dataclass for the rich view and --json)."""
     meta, state, loaded = compressed.meta, compressed.state, compressed.ready.loaded
     threads = compressed.threads or choose(None)
-    fields = {f: getattr(meta, f) for f in ("budget", "window", "tau1", "tau2", "tau_rule", "gamma", "evicted")}
-    summary = PrefillSummary(
-        model=loaded.name,
-        device=str(loaded.device),
-        dtype=meta.dtype,
-        dtype_reason=loaded.dtype_reason,
-        attention=compressed.ready.backend,
-        prompt_tokens=len(meta.prefix_ids),
-        document_tokens=meta.document_tokens,
-        original_document_tokens=meta.original_document_tokens,
-        **fields,
-        layers=layer_results(state.rows()),
+    settings = {f: getattr(meta, f) for f in ("budget", "window", "tau1", "tau2", "tau_rule", "gamma")}
+    engine = SimpleNamespace(
+        evicted=meta.evicted,
+        layers=state.rows(),
         kv_bytes_full=meta.kv_bytes_full,
         kv_bytes_kept=meta.kv_bytes,
         kv_peak_prefill=meta.kv_peak,
-        load_seconds=load_seconds,
         prefill_seconds=meta.prefill_seconds,
         eviction_seconds=meta.eviction_seconds,
-        prefill_threads=threads.prefill,
-        decode_threads=threads.decode,
-        threads_reason=threads.reason,
+        load_seconds=load_seconds,
     )
+    tokens = (len(meta.prefix_ids), meta.document_tokens, meta.original_document_tokens)
+    fields = summary_fields(loaded, compressed.ready.backend, meta.dtype, tokens, settings, engine, threads)
     extra = dict(path=str(path), file_bytes=file_bytes, method=meta.method, scoring=meta.scoring)
-    return CompressResult(**vars(summary), **extra, warnings=tuple(compressed.warnings))
+    return CompressResult(**fields, **extra, warnings=tuple(compressed.warnings))

@@ -127,3 +127,8 @@ def test_engine_functions_are_short():
                 if size > MAX_ENGINE_FUNCTION_LINES:
                     long.append(f"{name}.{node.name}: {size} lines")
     assert not long, long
+
+
+def test_no_module_shadows_a_standard_library_module():
+    shadowing = [name for name in modules() if name.rsplit(".", 1)[-1] in sys.stdlib_module_names]
+    assert not shadowing, shadowing

@@ -1,4 +1,5 @@
-"""Profile files: strict validation of ``profiles/*.yaml`` into the frozen :class:`~cake_cli.models.profile.Profile`.
+"""Profile files: strict validation of ``profiles/*.yaml`` into the frozen
+:class:`~cake_cli.models.profile_types.Profile`.
 
 A profile file (``profiles/*.yaml``, ``version: 1``) names where the weights come from (exactly
 one of ``hub_id``, ``embedded``, ``path``) and the CAKE hyperparameters for that model (see
@@ -25,7 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from cake_cli.errors import CakeError
 from cake_cli.models.embedded import EMBEDDED_MODELS
-from cake_cli.models.profile import SCHEMA_VERSION, Pooling, Profile, TauPoint
+from cake_cli.models.profile_types import SCHEMA_VERSION, Pooling, Profile, TauPoint
 
 DtypeName = Literal["float32", "bfloat16", "float16"]
 PoolingKind = Literal["avg", "max"]

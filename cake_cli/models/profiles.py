@@ -20,14 +20,14 @@ from pathlib import Path
 
 from cake_cli.errors import CakeError, did_you_mean
 from cake_cli.models.checkpoints import embedded_of_path
-from cake_cli.models.profile import (  # noqa: F401 - re-exported: the public profile API
+from cake_cli.models.profile_schema import HUB_ID_RE, parse_profile, validate_profile  # noqa: F401 - re-exported
+from cake_cli.models.profile_types import (  # noqa: F401 - re-exported: the public profile API
     SCHEMA_VERSION,
     Pooling,
     Profile,
     TauChoice,
     TauPoint,
 )
-from cake_cli.models.profile_schema import HUB_ID_RE, parse_profile, validate_profile  # noqa: F401 - re-exported
 from cake_cli.paths import user_profiles_dir
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"  # the embedded Qwen2.5-Coder-0.5B-Instruct (profiles/qwen2.5-coder-0.5b.yaml)

@@ -30,6 +30,7 @@ from cake_cli.bench.scoring import exact_answer, score_answer
 from cake_cli.bench.suites import TEMPLATES
 from cake_cli.engine.continuation import continue_and_decode, probe_config, without_probe
 from cake_cli.engine.generate import decode
+from cake_cli.engine.indicators import accumulates
 from cake_cli.engine.replay import record, replay
 from cake_cli.tasks.planning import plan
 from cake_cli.tasks.request import Callbacks, TaskRequest
@@ -146,7 +147,7 @@ def quality_rows(
             ids = ids if ids is not None else torch.tensor([prefix + probe], device=device)
             if on_step:
                 on_step(f"{task} {case.case_id} @ {length}: record {name} ({ids.shape[1]} tokens)")
-            rec = record(model.model, ids, window)
+            rec = record(model.model, ids, window, accumulate=any(accumulates(c.indicator) for c in configs.values()))
             for budget, config in configs.items():
                 answers.update(_answers(model, rec, name, budget, config, full, len(prefix), len(probe), new))
             if name == "aware":

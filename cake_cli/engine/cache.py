@@ -6,16 +6,23 @@ query heads) plus the original position of every entry, [H_kv, len_l]. All KV he
 hold the same number of tokens, but each head its own tokens. Entries stay in position order;
 keys are cached after RoPE, so an entry keeps its true position when others are evicted.
 
+For H2O (`indicators.ACCUMULATED`) a global layer also holds `scores` [H_kv, len]: the attention
+every query it has run paid each entry, accumulated by `CakeCache.after_attention` (prefill block
+by block, continuation and decode tokens as they attend) and gathered with the entries.
+
 Policy (which tokens to evict) lives in `cascade.py` and `decode.py`; this module only stores,
 gathers and measures.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from cake_cli.engine.policy import EvictionPolicy
+from cake_cli.engine.window import accumulated_attention
 
 
 class NonFiniteError(ValueError):
@@ -23,7 +30,9 @@ class NonFiniteError(ValueError):
 
 
 class CakeLayer(DynamicLayer):
-    """One layer's cache: keys/values [1, H_kv, len, d], positions [H_kv, len] (int64)."""
+    """One layer's cache: keys/values [1, H_kv, len, d], positions [H_kv, len] (int64), and while
+    `accumulates`, scores [H_kv, len] float32 (accumulated attention mass, in slot order; a new
+    token starts at 0)."""
 
     window: int | None = None  # a local layer's native sliding window (SlidingLayer); None: global
 
@@ -32,6 +41,8 @@ class CakeLayer(DynamicLayer):
         self.positions: torch.Tensor | None = None
         self.seen = 0  # tokens ever appended = the next token's true position
         self.free: torch.Tensor | None = None  # [H_kv] a released slot per head, reused by the next token
+        self.accumulates = False  # keep `scores` (H2O); set by CakeCache.accumulate
+        self.scores: torch.Tensor | None = None  # [H_kv, len] float32 accumulated attention, or None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Add q new tokens at their true positions seen..seen+q-1; return the whole layer.
@@ -52,6 +63,8 @@ class CakeLayer(DynamicLayer):
                 self.keys.scatter_(2, slot, key_states)  # [1, H_kv, slots, d]
                 self.values.scatter_(2, slot, value_states)
                 self.positions.scatter_(1, self.free.unsqueeze(1), torch.full_like(self.free.unsqueeze(1), self.seen))
+                if self.scores is not None:
+                    self.scores.scatter_(1, self.free.unsqueeze(1), 0.0)
                 self.free = None
                 self.seen += 1
                 return self.keys, self.values
@@ -61,6 +74,9 @@ class CakeLayer(DynamicLayer):
         new = torch.arange(self.seen, self.seen + q, device=key_states.device)
         new = new.unsqueeze(0).expand(key_states.shape[1], q)  # [H_kv, q]
         self.positions = new if self.positions is None else torch.cat([self.positions, new], dim=-1)
+        if self.accumulates:
+            zeros = torch.zeros(new.shape, dtype=torch.float32, device=new.device)  # [H_kv, q]
+            self.scores = zeros if self.scores is None else torch.cat([self.scores, zeros], dim=-1)
         self.seen += q
         return keys, values
 
@@ -75,6 +91,8 @@ class CakeLayer(DynamicLayer):
         self.keys = self.keys.gather(2, expanded)  # [1, H_kv, k, d]
         self.values = self.values.gather(2, expanded)  # [1, H_kv, k, d]
         self.positions = self.positions.gather(1, index)  # [H_kv, k]
+        if self.scores is not None:
+            self.scores = self.scores.gather(1, index)  # [H_kv, k]
 
     def release(self, slot: torch.Tensor) -> None:
         """Mark one slot per KV head as evicted; the next single-token update overwrites it.
@@ -146,6 +164,7 @@ class CakeCache(Cache):
     Args:
         num_layers: L.
         policy: see Attributes.
+        accumulate: the global layers accumulate H2O's `scores` (see `accumulate`).
         windows: [L] the native sliding window of each local layer (a `SlidingLayer`), None for a
             global layer (`families.attention_layout(config).windows`); None: every layer global.
 
@@ -155,9 +174,10 @@ class CakeCache(Cache):
         peak_bytes: largest sum over layers of cached KV bytes seen after any update or eviction.
         full_bytes: KV bytes the full cache held, summed when each layer received its prompt (a
             local layer: its native window, what the model's own cache keeps).
+        accumulate_seconds: wall time spent accumulating H2O's scores (prefill, continuation, decode).
     """
 
-    def __init__(self, num_layers: int, policy: EvictionPolicy | None = None, windows=None):
+    def __init__(self, num_layers: int, policy: EvictionPolicy | None = None, windows=None, accumulate: bool = False):
         windows = list(windows) if windows is not None else [None] * num_layers
         if len(windows) != num_layers:
             raise ValueError(f"{len(windows)} layer windows for {num_layers} layers")
@@ -167,6 +187,22 @@ class CakeCache(Cache):
         self.peak_bytes = 0
         self.full_bytes = 0
         self.tracking_peak = True  # decode() turns it off: the peak reported is the prefill's
+        self.accumulate_seconds = 0.0  # wall time spent accumulating H2O's scores, seconds
+        self.accumulate(accumulate)
+
+    def accumulate(self, on: bool) -> None:
+        """Start (a global layer's entries held now start at 0) or stop (scores dropped) accumulating
+        H2O's scores on every global layer; a local layer is never scored."""
+        for layer in self.layers:
+            layer.accumulates = on and layer.window is None
+            if not layer.accumulates:
+                layer.scores = None
+            elif layer.scores is None and layer.positions is not None:
+                layer.scores = torch.zeros(layer.positions.shape, dtype=torch.float32, device=layer.positions.device)
+
+    def accumulating(self) -> bool:
+        """Whether every global layer holds accumulated scores (what H2O's decode policy reads)."""
+        return all(layer.scores is not None for layer in self.layers if layer.window is None and layer.seen)
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         """Append to layer `layer_idx` and track memory (see CakeLayer.update).
@@ -196,13 +232,28 @@ class CakeCache(Cache):
     ) -> None:
         """Hook called by the attention function once layer `layer_idx` has attended; `probs` are the
         [H, 1, k] float32 probabilities of a single decode query when the attention function computed
-        them; `softcap` the layer's attention logit soft-capping (None: none)."""
+        them; `softcap` the layer's attention logit soft-capping (None: none).
+
+        An accumulating layer first adds what the q new queries [1, H, q, d] paid each of its k slots
+        (`window.accumulated_attention`, or `probs`) to its scores; then the policy runs.
+        """
+        layer = self.layers[layer_idx]
+        if layer.accumulates:
+            start = time.perf_counter()
+            if probs is not None:  # [H, q, k] -> [H_kv, k]: summed over the queries, averaged per KV head
+                num_kv = key.shape[1]
+                layer.scores += probs.sum(dim=1).view(num_kv, -1, probs.shape[-1]).mean(dim=1)
+            else:
+                layer.scores += accumulated_attention(query[0], key[0], scaling, softcap)  # [H_kv, k]
+            self.accumulate_seconds += time.perf_counter() - start
         if self.policy is not None:
             self.policy.after_attention(self, layer_idx, query, key, scaling, probs=probs, softcap=softcap)
 
     def needs_probs(self, layer_idx: int, key_len: int) -> bool:
-        """Whether the policy will score layer `layer_idx` from a single query's probabilities now
-        (never a local layer: CAKE does not evict it)."""
+        """Whether layer `layer_idx` will use a single query's probabilities now: an accumulating layer
+        always, otherwise when the policy scores it (never a local layer: CAKE does not evict it)."""
+        if self.layers[layer_idx].accumulates:
+            return True
         if self.policy is None or self.layers[layer_idx].window is not None:
             return False
         return getattr(self.policy, "needs_probs", lambda *_: False)(layer_idx, key_len)

@@ -9,7 +9,10 @@ Local layers (a native sliding window, `families.attention_layout`) are not scor
 budget: the allocation runs over the global layers only, with B_total = (B - w) · L_global.
 
 Baselines run the same path with another allocation (uniform / pyramid budgets, fixed before
-prefill, so each layer is evicted once) and/or another indicator (`indicators.INDICATORS`).
+prefill, so each layer is evicted once) and/or another indicator (`indicators.INDICATORS`). H2O
+scores from the accumulated attention of every prompt query, which the cache accumulated block by
+block while the layer attended (`cache.CakeCache(accumulate=True)`); the window attention still
+gives the layer's statistics.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 
 from cake_cli.engine import allocation
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.indicators import token_scores, top_k_sorted, variance_rows
+from cake_cli.engine.indicators import accumulates, token_scores, top_k_sorted, variance_rows
 from cake_cli.engine.preference import dispersion, log_preference, shift
 from cake_cli.engine.window import window_attention
 
@@ -128,6 +131,9 @@ class CascadePrefill:
             cache: the CakeCache being filled (layers 0..layer_idx hold their tokens).
             a: [H, w, n] float32 window attention of this layer, or None when n <= w.
             num_kv: H_kv.
+
+        Raises:
+            ValueError: an accumulating indicator (H2O) on a layer that holds no accumulated scores.
         """
         if a is None or self.windows[layer_idx] is not None:
             return
@@ -140,6 +146,12 @@ class CascadePrefill:
             self.stats[layer_idx] = LayerStats(h, v, log_preference(h, v, cfg.tau1, cfg.tau2))
         if self.evicting:
             positions = torch.arange(self.cap, device=a.device).expand(num_kv, self.cap)  # [H_kv, n - w]
+            accumulated = None
+            if accumulates(cfg.indicator):
+                held = cache.layers[layer_idx].scores  # [H_kv, n]: every prompt query, in position order
+                if held is None:
+                    raise ValueError(f"layer {layer_idx} holds no accumulated attention for {cfg.indicator}")
+                accumulated = held[:, : self.cap]  # [H_kv, n - w]
             self.indicators[layer_idx] = token_scores(
                 cfg.indicator,
                 a_ev,
@@ -148,6 +160,7 @@ class CascadePrefill:
                 gamma=cfg.gamma,
                 pool=(cfg.pool_kind, cfg.pool_kernel),
                 column_var=var,
+                accumulated=accumulated,
             )  # [H_kv, n - w]
             self._cascade(cache, layer_idx)
 

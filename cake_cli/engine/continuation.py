@@ -8,10 +8,11 @@ at the true positions seen..seen+q-1 over a *copy* of the compressed cache, and 
 q new ones causal among themselves (docs/method.md §Transformers integration), so the forward is exact for what the
 cache holds.
 
-Continuation tokens are held, not evicted: nothing is scored while they run, and the `fixed` decode
-policy then keeps every layer at its size after the continuation (`continuation_capacity`), so the
-question is never cut by the document's budget; generated tokens are governed by the decode policy
-as after any prefill (docs/method.md §Decoding).
+Continuation tokens are held, not evicted: nothing is scored while they run (their queries only add
+to H2O's accumulated attention, `cache.CakeLayer.scores`), and the `fixed` decode policy then keeps
+every layer at its size after the continuation (`continuation_capacity`), so the question is never
+cut by the document's budget; generated tokens are governed by the decode policy as after any
+prefill (docs/method.md §Decoding).
 
 Also: dropping the scoring probe after compression (`drop_from`), and the cache as flat tensors for
 a file (`cache_tensors` / `cache_from_tensors`).
@@ -29,6 +30,7 @@ from cake_cli.engine.cascade import CascadePrefill, LayerStats
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import GenerationResult, Prefilled, decode, forward_step, prefill, sync_device
+from cake_cli.engine.indicators import accumulates
 
 
 class DeferredCascade(CascadePrefill):
@@ -56,7 +58,7 @@ class SavedCascade:
 
 
 def clone_cache(cache: CakeCache) -> CakeCache:
-    """A copy of `cache` (keys, values, positions, next position, full-cache bytes), no policy.
+    """A copy of `cache` (keys, values, positions, accumulated scores, next position, full-cache bytes), no policy.
 
     Raises:
         ValueError: a layer has a released slot (copy caches right after prefill or loading).
@@ -68,6 +70,7 @@ def clone_cache(cache: CakeCache) -> CakeCache:
         dst.lazy_initialization(src.keys, src.values)
         dst.keys, dst.values = src.keys.clone(), src.values.clone()  # [1, H_kv, len, d]
         dst.positions, dst.seen = src.positions.clone(), src.seen  # [H_kv, len]
+        dst.accumulates, dst.scores = src.accumulates, None if src.scores is None else src.scores.clone()
     out.full_bytes = cache.full_bytes
     return out
 
@@ -230,8 +233,9 @@ def extend_and_evict(model, state: Prefilled, input_ids: torch.Tensor, config: C
     """Question-aware CAKE on a prefix kept whole: the continuation runs with the cascade (Sec. 4.2).
 
     The prefix's last w tokens are run again together with the continuation, so the observation
-    window holds exactly the prompt's last w tokens (their queries are not saved); every layer is
-    scored from that window during this one forward and evicted once at its end (`DeferredCascade`).
+    window holds exactly the prompt's last w tokens (their queries are not saved; H2O, which scores
+    every prompt query, runs the whole prompt again); every layer is scored from that window during
+    this one forward and evicted once at its end (`DeferredCascade`).
     The prefix's keys and values do not depend on what follows them, so the cache equals the one a
     prefill of the whole prompt leaves (Thm. 1 covers the order of the evictions).
 
@@ -250,9 +254,10 @@ def extend_and_evict(model, state: Prefilled, input_ids: torch.Tensor, config: C
     n, total = state.cache.layers[0].seen, input_ids.shape[1]
     if any(layer.live() != n for layer in state.cache.layers) or total <= n:
         raise ValueError("question-aware eviction needs a prefix kept whole and a prompt longer than it")
-    start = max(n - config.window, 0)  # re-run the prefix's last w tokens: the window's queries
+    whole = accumulates(config.indicator)  # re-run the prefix's last w tokens (the window's queries), or all
     cache = clone_cache(state.cache)
-    drop_from(cache, start)
+    drop_from(cache, start := 0 if whole else max(n - config.window, 0))
+    cache.accumulate(whole)
     cascade = DeferredCascade(config, len(cache.layers), total, on_layer, windows=cache.windows)
     cache.policy = cascade
     sync_device(input_ids.device)
@@ -267,13 +272,16 @@ def extend_and_evict(model, state: Prefilled, input_ids: torch.Tensor, config: C
 def cache_tensors(cache: CakeCache) -> dict[str, torch.Tensor]:
     """The cache as flat tensors: per layer i, `keys.i` and `values.i` [H_kv, len_i, d] (rotated
     keys, model dtype) and `positions.i` [H_kv, len_i] true positions (int16 below 32768 positions,
-    else int32: a position costs 1-2% of a token's keys and values), all contiguous on CPU."""
+    else int32: a position costs 1-2% of a token's keys and values), and for a layer accumulating
+    H2O's attention `scores.i` [H_kv, len_i] float32, all contiguous on CPU."""
     out = {}
     index_type = torch.int16 if cache.layers[0].seen <= torch.iinfo(torch.int16).max else torch.int32
     for i, layer in enumerate(cache.layers):
         out[f"keys.{i}"] = layer.keys[0].contiguous().cpu()
         out[f"values.{i}"] = layer.values[0].contiguous().cpu()
         out[f"positions.{i}"] = layer.positions.to(index_type).contiguous().cpu()
+        if layer.scores is not None:
+            out[f"scores.{i}"] = layer.scores.contiguous().cpu()
     return out
 
 
@@ -281,7 +289,8 @@ def cache_from_tensors(
     tensors: dict[str, torch.Tensor], num_layers: int, seen: int, device, windows: list[int | None] | None = None
 ) -> CakeCache:
     """Rebuild a cache from `cache_tensors` output: the next token goes to position `seen`;
-    `windows` as for `CakeCache` (local layers keep their native sliding window).
+    `windows` as for `CakeCache` (local layers keep their native sliding window); a layer with
+    `scores.i` accumulates H2O's attention from them on.
 
     Raises:
         ValueError: a tensor missing, shapes or dtypes that do not fit together, positions out of
@@ -305,4 +314,8 @@ def cache_from_tensors(
         keys, values = keys.unsqueeze(0).to(device), values.unsqueeze(0).to(device)  # [1, H_kv, len, d]
         layer.lazy_initialization(keys, values)
         layer.keys, layer.values, layer.positions, layer.seen = keys, values, positions.to(device), seen
+        if (scores := tensors.get(f"scores.{i}")) is not None:
+            if scores.shape != positions.shape or scores.dtype != torch.float32 or layer.window is not None:
+                raise ValueError(f"layer {i}: scores {tuple(scores.shape)} {scores.dtype} do not fit its positions")
+            layer.accumulates, layer.scores = True, scores.to(device)
     return cache

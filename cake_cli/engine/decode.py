@@ -4,7 +4,10 @@
 `fixed` follows the authors' code: after each new token, the lowest-scoring token outside the
 most recent w is evicted, scored by the new query's attention through the method's indicator
 (for CAKE: Eq. 11 over the new queries, pooled along tokens, averaged over each KV head's query
-heads).
+heads). H2O (`indicators.ACCUMULATED`) scores instead by the accumulated attention the cache holds:
+what every prompt query, every continuation token and every decoded query so far (this one
+included) paid each held token, as H2O evicts at generation (Zhang et al. 2023, Algorithm 1); a
+cache without it (e.g. a .cake file from before it was saved there) is refused (`prepare_cache`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import time
 import torch
 
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.indicators import token_scores, top_k_sorted
+from cake_cli.engine.indicators import accumulates, token_scores, top_k_sorted
 from cake_cli.engine.window import window_attention
 
 
@@ -24,7 +27,8 @@ class FixedDecode:
     With one new token per step (the usual case) the evicted token's slot is released and the
     next token overwrites it, so no step copies the layer's cache. Scores are computed in
     position order (pooling runs along the sequence), from the method's indicator over the new
-    queries' attention; the most recent w tokens are never evicted.
+    queries' attention (H2O: from the layer's accumulated scores, this step's queries included, which
+    `cache.CakeCache.after_attention` added before); the most recent w tokens are never evicted.
 
     Args:
         config: CAKE settings (window, indicator, pooling, gamma).
@@ -75,6 +79,7 @@ class FixedDecode:
         by_head = order.repeat_interleave(num_heads // num_kv, dim=0)  # [H, k]
         a = a.gather(2, by_head.unsqueeze(1).expand(-1, a.shape[1], -1))  # [H, q, k] in position order
         m = k - w  # candidates: everything but the most recent w
+        accumulated = layer.scores.gather(1, order)[:, :m] if accumulates(cfg.indicator) else None  # [H_kv, m]
         scores = token_scores(
             cfg.indicator,
             a[:, :, :m],
@@ -82,6 +87,7 @@ class FixedDecode:
             num_kv,
             gamma=cfg.gamma,
             pool=(cfg.pool_kind, cfg.pool_kernel),
+            accumulated=accumulated,
         )  # [H_kv, m]
         if k - cap == 1 and query.shape[2] == 1:
             # lowest score; among ties the latest, as top_k_sorted keeps the earliest
@@ -103,3 +109,21 @@ class GrowDecode:
         self, cache, layer_idx, query, key, scaling, probs=None, softcap=None
     ) -> None:  # EvictionPolicy
         """Nothing to do."""
+
+
+def prepare_cache(cache, config: CakeConfig | None) -> None:
+    """Keep the accumulated attention only where the decode policy reads it (H2O's `fixed` policy);
+    elsewhere stop accumulating (it costs an attention pass per layer and step).
+
+    Raises:
+        ValueError: H2O's `fixed` policy on a cache that holds no accumulated attention.
+    """
+    needed = config is not None and config.decode_policy == "fixed" and accumulates(config.indicator)
+    if not needed:
+        cache.accumulate(False)
+    elif not cache.accumulating():
+        raise ValueError(
+            f"the {config.indicator} decode policy evicts by the accumulated attention of every query, which this "
+            "cache does not hold (a .cake file made before it was saved there?): compress the document again, "
+            "or decode with the grow policy"
+        )

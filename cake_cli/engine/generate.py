@@ -12,8 +12,9 @@ import torch
 from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.cascade import CascadePrefill, LayerStats
 from cake_cli.engine.config import CakeConfig, SamplingConfig
-from cake_cli.engine.decode import FixedDecode, GrowDecode
+from cake_cli.engine.decode import FixedDecode, GrowDecode, prepare_cache
 from cake_cli.engine.families import attention_layout
+from cake_cli.engine.indicators import accumulates
 from cake_cli.engine.measures import saved_fraction, tokens_per_second
 from cake_cli.engine.policy import CascadeView
 from cake_cli.engine.sampling import Sampler, repeated_tail
@@ -45,7 +46,7 @@ class GenerationResult:
     prefill_seconds: float
     decode_seconds: float
     decode_steps: int
-    eviction_seconds: float  # scoring + eviction, prefill and decode
+    eviction_seconds: float  # scoring (H2O's accumulated attention included) + eviction, prefill and decode
     stop_reason: str  # "eos" | "max_new_tokens" | "max_positions" | "repetition" | "complete"
     sampling_seconds: float = 0.0  # choosing tokens from the logits, n-gram blocking included
     first_logits: torch.Tensor | None = field(default=None, compare=False, repr=False)
@@ -147,7 +148,8 @@ def prefill(
         if config is not None
         else None
     )
-    cache = CakeCache(num_layers, policy=cascade, windows=layout.windows)
+    accumulate = config is not None and accumulates(config.indicator)  # H2O: every query's attention
+    cache = CakeCache(num_layers, policy=cascade, windows=layout.windows, accumulate=accumulate)
     sync_device(input_ids.device)
     start = time.perf_counter()
     logits = forward_step(model, cache, input_ids, 0, step_logits)
@@ -225,8 +227,12 @@ def decode(
 
     Returns:
         GenerationResult.
+
+    Raises:
+        ValueError: H2O's `fixed` policy on a cache without accumulated attention (`decode.prepare_cache`).
     """
     cache, logits, n, device = state.cache, state.logits, input_ids.shape[1], input_ids.device
+    prepare_cache(cache, config)
     decode_policy = _decode_policy(config, state, capacity)
     cache.policy = decode_policy
     cache.tracking_peak = False
@@ -300,7 +306,7 @@ def _result(state: Prefilled, n: int, tokens: list[int], stop_reason: str, times
         prefill_seconds=state.seconds,
         decode_seconds=decode_seconds,
         decode_steps=steps,
-        eviction_seconds=prefill_evict + (policy.seconds if policy else 0.0),
+        eviction_seconds=prefill_evict + (policy.seconds if policy else 0.0) + cache.accumulate_seconds,
         stop_reason=stop_reason,
         sampling_seconds=sampling_seconds,
         first_logits=state.logits.detach().float().cpu(),

@@ -1,9 +1,12 @@
 """Eviction indicators (paper Sec. 4.3, Eq. 11, and the baselines of docs/method.md §Baselines): which tokens a layer
 keeps.
 
-An indicator is a function from the attention of the q most recent queries over m candidate
-tokens to one score per query head and candidate (larger = keep); `token_scores` then averages
-the g = H / H_kv query heads of each KV head (GQA), so each KV head keeps its own tokens.
+An indicator is a function from the attention of a layer's queries over its m candidate tokens to
+one score per candidate (larger = keep). Most read the q most recent queries (the observation
+window at prefill, the new tokens at decode) and score per query head; `token_scores` then averages
+the g = H / H_kv query heads of each KV head (GQA), so each KV head keeps its own tokens. H2O reads
+the accumulated attention of *every* query the layer has run (`ACCUMULATED`), which the cache keeps
+per KV head (`window.accumulated_attention`, `cache.CakeLayer.scores`).
 `INDICATORS` maps each name to its function: adding an indicator is one function and one row.
 
 This module calls tensor methods only (it never imports torch), so the CLI can list and check
@@ -34,6 +37,10 @@ class Attention:
         gamma: CAKE's variance weight (Eq. 11).
         pool: (kind, kernel) smoothing of the CAKE indicator (profile setting).
         column_var: optional precomputed Var_i a, [H, m] (saves a pass at prefill).
+        accumulated: [H_kv, m] float32 accumulated attention of the candidates (attention mass: the
+            sum over every query the layer has run, prompt and decode, of its probability on the
+            token, averaged over each KV head's g query heads), for the ACCUMULATED indicators; None
+            for the others.
     """
 
     a: torch.Tensor
@@ -41,6 +48,7 @@ class Attention:
     gamma: float
     pool: tuple[str, int]
     column_var: torch.Tensor | None = None
+    accumulated: torch.Tensor | None = None
 
 
 def variance_rows(a: torch.Tensor) -> torch.Tensor:
@@ -138,8 +146,22 @@ def snapkv(x: Attention) -> torch.Tensor:
 
 
 def h2o(x: Attention) -> torch.Tensor:
-    """H2O: accumulated attention (sum over the query rows)."""
-    return x.a.sum(dim=-2)
+    """H2O (Zhang et al. 2023, "H2O: Heavy-Hitter Oracle", NeurIPS): the accumulated attention score,
+    the attention every query paid the token, summed over all of them (every prompt query over the
+    keys before it at prefill, plus each decoded query), not only over the observation window.
+    PyramidKV's `H2OKVCluster`, where the CAKE paper's baselines come from, also sums every prompt
+    query's row (it masks only the last w x w block causally; here every row is causal, as in the
+    model). Unpooled; already per KV head: [H_kv, m].
+
+    Raises:
+        ValueError: no accumulated attention (a cache built without `accumulate`).
+    """
+    if x.accumulated is None:
+        raise ValueError(
+            "the h2o indicator needs the accumulated attention of every query: build the CakeCache with "
+            "accumulate=True (generate.prefill and replay.record do for h2o)"
+        )
+    return x.accumulated
 
 
 def tova(x: Attention) -> torch.Tensor:
@@ -154,13 +176,19 @@ def streaming(x: Attention) -> torch.Tensor:
     return pos.repeat_interleave(x.a.shape[0] // pos.shape[0], dim=0)  # [H, m]: equal within a group
 
 
-INDICATORS: dict[str, Callable[[Attention], torch.Tensor]] = {
+INDICATORS: dict[str, Callable[[Attention], torch.Tensor]] = {  # [H, m] per query head, ACCUMULATED: [H_kv, m]
     "cake": cake,
     "snapkv": snapkv,
     "h2o": h2o,
     "tova": tova,
     "streaming": streaming,
 }
+ACCUMULATED = frozenset({"h2o"})  # indicators that read `Attention.accumulated` (already averaged per KV head)
+
+
+def accumulates(indicator: str | None) -> bool:
+    """Whether `indicator` reads the accumulated attention of every query (the cache must accumulate it)."""
+    return indicator in ACCUMULATED
 
 
 def token_scores(
@@ -172,21 +200,22 @@ def token_scores(
     gamma: float,
     pool: tuple[str, int],
     column_var: torch.Tensor | None = None,
+    accumulated: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Eviction indicator `kind` of the candidate tokens of one layer, per KV head; larger = keep.
 
     Args:
         kind: a key of INDICATORS.
-        a, positions, gamma, pool, column_var: see `Attention`.
+        a, positions, gamma, pool, column_var, accumulated: see `Attention`.
         num_kv_heads: H_kv; per-query-head scores are averaged over each KV head's group.
 
     Returns:
         [H_kv, m] float32 scores.
 
     Raises:
-        ValueError: unknown indicator.
+        ValueError: unknown indicator, or an ACCUMULATED one without `accumulated`.
     """
     if kind not in INDICATORS:
         raise ValueError(f"unknown indicator {kind!r}; choose one of {', '.join(INDICATORS)}")
-    per_head = INDICATORS[kind](Attention(a, positions, gamma, pool, column_var))  # [H, m]
-    return group_mean(per_head, num_kv_heads)  # [H_kv, m]
+    scores = INDICATORS[kind](Attention(a, positions, gamma, pool, column_var, accumulated))
+    return scores if kind in ACCUMULATED else group_mean(scores, num_kv_heads)  # [H_kv, m]

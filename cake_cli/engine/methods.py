@@ -15,6 +15,9 @@ method is one row here (plus its indicator or allocation if it brings a new one)
 | cake         | cake       | cake       |
 | full         | (no eviction)           |
 
+`h2o` is H2O's heavy-hitter score (Zhang et al. 2023): the attention every prompt query (and, at
+decode, every generated one) paid a token, accumulated block by block (`window.accumulated_attention`).
+
 Pure data (no torch), so the command line can check names before loading the model.
 """
 

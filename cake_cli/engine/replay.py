@@ -2,8 +2,9 @@
 
 The prefill forward is the same for every method: each layer attends over the whole prompt, and
 eviction only changes what earlier layers keep afterwards. So a benchmark grid can run the
-model once per prompt, record every layer's full K/V and window attention, and replay the
-cascade (`CascadePrefill.observe`, the same code the live prefill runs, layer by layer) for each
+model once per prompt, record every layer's full K/V and window attention (and, for H2O, the
+accumulated attention of every prompt query per global layer), and replay the cascade
+(`CascadePrefill.observe`, the same code the live prefill runs, layer by layer) for each
 (method, budget). The replayed cache equals the live one; `tests/engine/test_replay.py` checks it.
 """
 
@@ -20,6 +21,7 @@ from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.continuation import clone_cache
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled, forward_step, sync_device
+from cake_cli.engine.indicators import accumulates
 from cake_cli.engine.window import window_attention
 
 
@@ -39,7 +41,8 @@ class Recorder:
 
 @dataclass
 class Recording:
-    """A full-cache prefill of one prompt with every layer's window attention [H, w, n]."""
+    """A full-cache prefill of one prompt with every layer's window attention [H, w, n]; with
+    `accumulate`, the cache's global layers also hold H2O's accumulated attention (`scores`, [H_kv, n])."""
 
     cache: CakeCache
     attention: list[torch.Tensor | None]
@@ -49,14 +52,19 @@ class Recording:
 
 
 @torch.inference_mode()
-def record(model, input_ids: torch.Tensor, window: int) -> Recording:
+def record(model, input_ids: torch.Tensor, window: int, *, accumulate: bool = True) -> Recording:
     """Run the prompt once with a full cache, keeping each layer's window attention (float32).
 
-    Memory: the full KV cache plus L · H · w · n float32 values.
+    Args:
+        accumulate: also accumulate every prompt query's attention per global layer (what H2O
+            replays from; one more block-wise attention pass per layer, `window.accumulated_attention`).
+
+    Memory: the full KV cache plus L · H · w · n float32 values, plus L · H_kv · n with `accumulate`.
     """
     num_layers = model.config.num_hidden_layers
     recorder = Recorder(window)
-    cache = CakeCache(num_layers, policy=recorder, windows=attention_layout(model.config).windows)
+    windows = attention_layout(model.config).windows
+    cache = CakeCache(num_layers, policy=recorder, windows=windows, accumulate=accumulate)
     sync_device(input_ids.device)
     start = time.perf_counter()
     logits = forward_step(model, cache, input_ids, 0, None)
@@ -71,10 +79,15 @@ def replay(rec: Recording, config: CakeConfig | None) -> Prefilled:
     """The state a live `prefill` with `config` would leave, from a recording (cache copied).
 
     Raises:
-        ValueError: `config.window` differs from the recording's window.
+        ValueError: `config.window` differs from the recording's window, or an accumulating indicator
+            (H2O) on a recording made without `accumulate`.
     """
     num_layers = len(rec.cache.layers)
     cache = clone_cache(rec.cache)
+    if config is None or not accumulates(config.indicator):
+        cache.accumulate(False)  # the accumulated attention goes with H2O only
+    elif not cache.accumulating():
+        raise ValueError(f"the {config.indicator} indicator replays a recording made with accumulate=True")
     cascade = None
     start = time.perf_counter()
     if config is not None:

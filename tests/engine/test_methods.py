@@ -18,8 +18,13 @@ def scores(kind, a=A, pos=POS, kv=1, pool=("avg", 1)):
     return token_scores(kind, a, pos, kv, gamma=200.0, pool=pool)
 
 
-def test_h2o_sums_the_window_rows():
-    torch.testing.assert_close(scores("h2o"), torch.tensor([[0.55, 0.90, 0.55, 0.55, 0.45]]))
+def test_h2o_reads_the_accumulated_attention_not_the_window_rows():
+    # accumulated over every query (tests/engine/test_h2o.py checks the sums); the window rows are ignored
+    acc = torch.tensor([[2.0, 0.5, 1.0, 0.25, 1.25]])
+    got = token_scores("h2o", A, POS, 1, gamma=200.0, pool=("max", 7), accumulated=acc)
+    assert torch.equal(got, acc)
+    with pytest.raises(ValueError, match="accumulated attention of every query"):
+        scores("h2o")
 
 
 def test_tova_uses_the_last_query_only():

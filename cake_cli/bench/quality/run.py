@@ -23,6 +23,7 @@ from cake_cli.bench.splits import Case, case_id
 from cake_cli.bench.suites import TEMPLATES, CaseResult, Suite, Variant, result_key
 from cake_cli.engine.allocation import ALLOCATIONS
 from cake_cli.engine.generate import decode
+from cake_cli.engine.indicators import accumulates
 from cake_cli.engine.replay import record, replay
 from cake_cli.tasks.templates import build_prompt, load_template
 
@@ -131,6 +132,7 @@ def run_grid(
         raise ValueError("run_grid needs at least one budget")
     configs = {b: config_for_budget(b) for b in budgets}
     window = configs[budgets[0]].window
+    accumulate = any(accumulates(v.indicator) for v in variants)  # H2O replays every prompt query's attention
     device = model.model.get_input_embeddings().weight.device
     rows: list[CaseResult] = []
     for task, index, depth, length, cells in pending_cells(suite, variants, budgets, done):
@@ -139,7 +141,7 @@ def run_grid(
         ids = torch.tensor([ids_list], device=device)
         if on_step:
             on_step(f"{task} {case.case_id} @ {length}: prefill {len(ids_list)} tokens")
-        rec = record(model.model, ids, window)
+        rec = record(model.model, ids, window, accumulate=accumulate)
         new_tokens = _max_new_tokens(task)
         case_rows, answers = [], {}
         for variant, budget in cells:

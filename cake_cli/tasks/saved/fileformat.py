@@ -2,7 +2,8 @@
 
 Format (version `FORMAT_VERSION`): one safetensors file. Tensors, per layer i: ``keys.i`` and
 ``values.i`` [H_kv, len_i, d] (rotated keys and values in the model's dtype), ``positions.i``
-[H_kv, len_i] int16 (int32 past 32767 positions): each kept token's true position. The
+[H_kv, len_i] int16 (int32 past 32767 positions): each kept token's true position; for H2O also
+``scores.i`` [H_kv, len_i] float32, each token's accumulated attention (`engine.cache`). The
 safetensors header's ``__metadata__`` holds one key, ``cake_cli``: a JSON object with every
 `CacheMeta` field (format and cake-cli versions, model and its fingerprint, dtype, method,
 budget, window, taus, per-layer budgets and statistics, the prefix token ids, the document and

@@ -22,6 +22,7 @@ from cake_cli.engine.cascade import LayerStats
 from cake_cli.engine.continuation import SavedCascade, cache_from_tensors, cache_tensors
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled
+from cake_cli.engine.indicators import accumulates
 from cake_cli.errors import CakeError
 from cake_cli.files import write_atomic
 from cake_cli.models.fingerprint import fingerprint
@@ -158,6 +159,9 @@ def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compress
     for layer in cache.layers:
         if layer.keys.shape[1] != heads or layer.keys.dtype != loaded.dtype:
             raise CakeError(f"{saved.name} does not fit {loaded.name} (KV heads or dtype differ)", again)
+    h2o_decode = not meta.whole and plan.config.decode_policy == "fixed" and accumulates(meta.indicator)
+    if h2o_decode and not cache.accumulating():  # a file from before the scores were saved with it
+        raise CakeError(f"{saved.name} holds no accumulated attention, which {meta.indicator} decodes by", again)
     cache.full_bytes = meta.kv_bytes_full
     kv = cache.kv_bytes()
     state = Prefilled(cache, saved_cascade(meta), torch.empty(0), 0.0, cache.lengths(), kv, kv)

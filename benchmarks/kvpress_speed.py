@@ -1,6 +1,9 @@
 """kvpress's SnapKV press through its own pipeline, timed: run by `cake bench speed --kvpress`
 inside .venv-kvpress (benchmarks/kvpress_env.sh), on the same converted checkpoint, document,
-budget, threads and number of new tokens as cake-cli's rows. Prints one JSON object.
+budget, threads and number of new tokens as cake-cli's rows, with the same warm-up (one unmeasured
+run on the document's first --warmup-tokens tokens, --warmup-new-tokens new tokens) and --repeats
+timed runs. Prints one JSON object: the median of each measurement, and under "samples" every
+repeat's timings.
 
 The pipeline prefills the context with the press (the model's forward without the LM head), then
 runs the question forward and greedy decoding; the wrapper times the prefill call and each
@@ -24,7 +27,7 @@ def kv_bytes(cache) -> int:
     return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers)
 
 
-def one_run(pipe, model, ids, context, args) -> dict:
+def one_run(pipe, model, ids, context, args, new_tokens: int | None = None) -> dict:
     """One timed pipeline call (see the module docstring)."""
     timings = {"prefill": 0.0, "decode": [], "kv": 0, "context": 0}
     inner, outer = model.model.forward, model.forward
@@ -52,7 +55,8 @@ def one_run(pipe, model, ids, context, args) -> dict:
         n = pipe.preprocess(context, [""], "", 10**9)["context_ids"].shape[1]  # with the chat template
         press = SnapKVPress(compression_ratio=max(0.0, 1.0 - args.budget / n))  # keep `budget` per layer
         start = time.perf_counter()
-        pipe(context, question="", press=press, max_new_tokens=args.new_tokens, cache=DynamicCache())
+        new = args.new_tokens if new_tokens is None else new_tokens
+        pipe(context, question="", press=press, max_new_tokens=new, cache=DynamicCache())
         total = time.perf_counter() - start
     finally:
         model.model.forward, model.forward = inner, outer
@@ -77,7 +81,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--decode-threads", type=int, default=1)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs (the median is printed)")
+    parser.add_argument("--warmup-tokens", type=int, default=256, help="document tokens of the unmeasured warm-up")
+    parser.add_argument("--warmup-new-tokens", type=int, default=4, help="tokens the warm-up generates")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
@@ -87,8 +93,17 @@ def main() -> None:
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer, device="cpu")
     ids = json.load(open(args.ids))
     context = tokenizer.decode(ids)
+    if args.warmup_tokens > 0:  # as cake-cli's rows: one unmeasured run first
+        warm = tokenizer.decode(ids[: args.warmup_tokens])
+        one_run(pipe, model, ids, warm, args, new_tokens=args.warmup_new_tokens)
     runs = [one_run(pipe, model, ids, context, args) for _ in range(args.repeats)]
-    print(json.dumps({k: statistics.median(r[k] for r in runs) for k in runs[0]} | {"repeats": args.repeats}))
+    timed = ("prefill_seconds", "ttft_seconds", "decode_tokens_per_second")
+    print(
+        json.dumps(
+            {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            | {"repeats": args.repeats, "samples": {k: [r[k] for r in runs] for k in timed}}
+        )
+    )
 
 
 if __name__ == "__main__":

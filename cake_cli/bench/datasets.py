@@ -149,15 +149,38 @@ def qa_items(source: str, split: str) -> tuple[list[QAItem], list[Paragraph]]:
     raise ValueError(f"unknown QA source {source!r}; choose squad or hotpotqa")
 
 
-def qa_item(split: str, index: int) -> QAItem:
-    """The question of QA case `index`: SQuAD for even `index`, HotpotQA for odd (deterministic)."""
-    items, _ = qa_items("squad" if index % 2 == 0 else "hotpotqa", split)
-    return items[random.Random(f"qa/{split}/{index}").randrange(len(items))]
+def qa_source(index: int) -> str:
+    """The QA source of case `index`: SQuAD for even `index`, HotpotQA for odd."""
+    return "squad" if index % 2 == 0 else "hotpotqa"
+
+
+@cache
+def _qa_order(source: str, split: str, length: int) -> tuple[int, ...]:
+    """A fixed shuffle of the source's items for one prompt length (seeded by split, source, length)."""
+    order = list(range(len(qa_items(source, split)[0])))
+    random.Random(f"qa/{split}/{source}/{length}").shuffle(order)
+    return tuple(order)
+
+
+def qa_item(split: str, index: int, length: int) -> QAItem:
+    """The question of QA case `index` at `length` tokens (deterministic in split, index, length).
+
+    Each length walks its own shuffle of the source's items (`qa_source`), case `index` taking
+    place `index // 2`: at one length, every (depth, repeat) of a suite (a distinct `index`) asks
+    its own question; other lengths ask other questions (independent shuffles; the default grid's
+    18 are distinct, `tests/bench/test_splits.py`). Before this, the item depended on `index` only,
+    so every length asked the same few questions.
+    """
+    source = qa_source(index)
+    items, _ = qa_items(source, split)
+    order = _qa_order(source, split, int(length))
+    return items[order[(index // 2) % len(order)]]
 
 
 def make_qa_case(split: str, index: int, depth: float, length: int, doc_tokens: int, *, tokenizer):
     """One QA case: the gold paragraph(s) of a SQuAD (even `index`) or HotpotQA (odd) question
-    among distractor paragraphs of the same split, about `doc_tokens` tokens in all.
+    (`qa_item(split, index, length)`) among distractor paragraphs of the same split, about
+    `doc_tokens` tokens in all.
 
     The first gold paragraph goes at the paragraph boundary nearest to `depth` (fraction of the
     document's characters), a second one (HotpotQA) `NEEDLE_GAP` later. Distractors: HotpotQA's
@@ -170,9 +193,9 @@ def make_qa_case(split: str, index: int, depth: float, length: int, doc_tokens: 
     Raises:
         CakeError: the data package is missing; ValueError: the gold paragraphs alone do not fit.
     """
-    item = qa_item(split, index)
-    _, pool = qa_items("squad" if index % 2 == 0 else "hotpotqa", split)
-    rng = random.Random(f"qa-haystack/{split}/{index}")
+    item = qa_item(split, index, length)
+    _, pool = qa_items(qa_source(index), split)
+    rng = random.Random(f"qa-haystack/{split}/{length}/{index}")
     group = item.gold[0].group
 
     def size(p: Paragraph) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cake_cli.bench.needles import NEEDLE_TASKS
-from cake_cli.bench.splits import check_split
+from cake_cli.bench.splits import case_id, check_split
 from cake_cli.engine.allocation import ALLOCATIONS
 from cake_cli.engine.config import ConfigError
 from cake_cli.engine.indicators import INDICATORS
@@ -20,6 +20,7 @@ from cake_cli.errors import UsageError, unknown_name
 
 SPEED_METHODS = ("full", "snapkv", "pyramidkv", "cake", "cake-grow")  # `cake bench speed` (cake-grow: grow policy)
 TASKS = (*NEEDLE_TASKS, "qa")
+CASE_DRAW = 2  # how cases are drawn from the data; 2: QA questions per (length, depth, repeat), 1: per (depth, repeat)
 TEMPLATES = {"s-rt": "bench_needle", "m-rs": "bench_needle", "m-rt": "bench_multi_needle", "qa": "bench_qa"}
 
 
@@ -43,6 +44,19 @@ class Suite:
                     index = d_idx * self.repeats + r
                     out.extend((task, index, depth, length) for length in self.lengths)
         return out
+
+
+def cell_keys(suite: Suite, variants: list, budgets: list[int]) -> set[tuple]:
+    """The resume keys (`result_key`) of every answer the grid holds: each case of `suite` (task,
+    case id, length) x each variant x each budget ("full": budget None). A stored row whose key is
+    outside this set belongs to another setting (other depths, repeats, lengths, tasks, methods or
+    budgets). Within it, a case's content is fixed by its key (the case id names depth and index)."""
+    return {
+        result_key(task, case_id(index, depth), length, v.name, b)
+        for task, index, depth, length in suite.specs()
+        for v in variants
+        for b in ([None] if v.allocation is None else budgets)
+    }
 
 
 EVAL_SUITE = Suite(TASKS, (2048, 4096, 8192), (0.1, 0.5, 0.9), 2, "eval")

@@ -3,8 +3,9 @@
 `auto` picks, per device:
 - CUDA: the profile's dtype (the authors' fp16/bf16), else bfloat16 where the GPU has it, else float16;
 - CPU: bfloat16 when the processor computes it natively (x86 AVX512-BF16 or AMX, read from the
-  CPU flags), where a bf16 matrix product runs about 2x float32's; float32 elsewhere, since an
-  emulated bf16 product is slower than float32.
+  CPU flags), where bf16 prefill ran 3.2-3.4x faster than float32 on the project's machine
+  (full-cache rows at 4K-16K tokens, benchmarks/runs/speed-2026-12-01.txt); float32 elsewhere,
+  since an emulated bf16 product is slower than float32.
 
 The engine computes the observation-window attention in float32 whatever the model dtype.
 Light module (no torch).

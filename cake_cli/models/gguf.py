@@ -1,8 +1,8 @@
 """GGUF files: reading their metadata, and converting each once into a plain checkpoint.
 
-transformers dequantizes a GGUF on every load (15-45 s on a CPU for the embedded models), so
+transformers dequantizes a GGUF on every load (tens of seconds on a CPU for the embedded models), so
 cake-cli converts a GGUF once into a plain float32 safetensors checkpoint under ``models_dir()``
-and loads that afterwards (1-3 s). :func:`ensure_embedded` does it for an embedded model (parts
+and loads that afterwards (seconds). :func:`ensure_embedded` does it for an embedded model (parts
 checked, joined and verified by sha256 first), :func:`ensure_converted` for any other ``.gguf``,
 keyed by its content (:mod:`cake_cli.models.checkpoints`). A checkpoint is built in a temporary
 sibling folder and renamed into place (``files.atomic_dir``), so an interrupted or failed
@@ -91,7 +91,7 @@ def ensure_converted(gguf: Path, progress: Progress = None) -> Path:
     """The converted checkpoint folder of any GGUF file, keyed by its content (size + sha256).
 
     The same content under another name or path reuses the same conversion, and says so; the
-    file is then only hashed (~0.4 s for 491 MB), its metadata not even parsed.
+    file is then only hashed, its metadata not even parsed.
 
     Raises:
         CakeError: corrupt or truncated GGUF; an architecture outside the supported families
@@ -153,8 +153,8 @@ def load_gguf(gguf: Path, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrain
     """Load a GGUF file with transformers on the CPU, fully dequantized to plain ``nn.Linear`` weights.
 
     The GGUF quantizer is detached afterwards (``remove_quantization_config``), so the model
-    carries no ``quantization_config`` and ``save_pretrained`` works. Takes ~15 s for the
-    135M-parameter SmolLM2 and ~35 s for the 0.5B Qwen2.5-Coder on a CPU (dequantization dominates).
+    carries no ``quantization_config`` and ``save_pretrained`` works. Takes tens of seconds for the
+    embedded models on a CPU (dequantization dominates).
 
     Raises:
         CakeError: transformers cannot read the file, naming it.

@@ -170,7 +170,7 @@ def _local_source(path: Path, profile: Profile | None, progress: Progress) -> Mo
         return _checked_dir(path, profile.display_name if profile else path.resolve().name, profile)
     if path.suffix.lower() != ".gguf":
         raise CakeError(f"{path} is neither a model directory nor a .gguf file")
-    em = match_gguf(path)  # by size, then sha256 (~0.4 s for 491 MB)
+    em = match_gguf(path)  # by size, then sha256
     profile = profile or (embedded_profile(em.source) if em else None)
     d = gguf.ensure_embedded(em, progress, given=path) if em else gguf.ensure_converted(path, progress)
     name = profile.display_name if profile else path.name

@@ -2,10 +2,10 @@
 
 Prefill runs large matrix products that scale with threads; decoding runs a small product per
 layer per token, where OpenMP's barrier across threads dominates. When another process holds a
-core, every parallel region waits for the descheduled thread: measured here with one of two cores
-busy, 2 threads decoded Qwen2.5-0.5B at 1.3 tok/s and 1 thread at 7.0 tok/s, and 2-thread
-prefill took twice as long as 1-thread prefill; on the quiet machine 2 threads decoded at 10.8
-tok/s and 1 thread at 7.8 (`benchmarks/decode_threads.py`). So `auto` counts the cores that are
+core, every parallel region waits for the descheduled thread: with one of two cores busy, 2 threads
+decoded Qwen2.5-Coder-0.5B at 0.90 tok/s and 1 thread at 7.27 tok/s; on the quiet machine 2 threads
+decoded at 10.93 tok/s and 1 thread at 7.75 (`benchmarks/decode_threads.py`, medians of 3 runs in
+benchmarks/runs/decode-threads-busy.md and decode-threads-quiet.md). So `auto` counts the cores that are
 idle right now (a 50 ms sample of /proc/stat) and prefills and starts decoding with that many
 threads; while decoding, `DecodeGovernor` looks again every `CHECK_TOKENS` tokens at how much CPU
 *other* processes used since the last look (the machine's busy time minus this process's) and

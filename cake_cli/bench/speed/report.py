@@ -2,45 +2,70 @@
 
 Ratios compare rows of one group (model · dtype · path) and length: vs the full cache (prefill,
 decode, KV bytes), vs SnapKV (prefill, KV peak), and decode vs the limit (full cache with a prompt
-as long as the budget).
+as long as the budget). Each timed ratio is the ratio of the medians, with its spread over the
+repeats under `spreads` (`rows.Spread`: min, max, repeats), which the targets read.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict
 
 from rich import box
 from rich.table import Table
 
-from cake_cli.bench.speed.rows import SpeedRow
+from cake_cli.bench.speed.rows import SpeedRow, Spread, cross_ratio, share
 from cake_cli.tasks.results import human_bytes
 
 
 def ratios(rows: list[SpeedRow]) -> list[dict]:
-    """Each row as a dict, with its ratios added (see the module docstring)."""
-    by = {(r.group, r.length, r.method): r for r in rows}
-    limits = {r.group: r for r in rows if r.method == "limit"}
+    """Each row as a dict, with its ratios added (see the module docstring); `spreads` maps each
+    timed ratio's name to its `Spread` as a dict."""
+    by = {(r.group, r.length, r.method): asdict(r) for r in rows}
+    limits = {r.group: asdict(r) for r in rows if r.method == "limit"}
     out = []
     for row in rows:
         d = asdict(row)
+        spreads: dict[str, Spread] = {}
         full = by.get((row.group, row.length, "full"))
         if full is not None and row.method != "limit":
-            d["prefill_vs_full"] = row.prefill_seconds / full.prefill_seconds
-            d["decode_vs_full"] = row.decode_tokens_per_second / max(full.decode_tokens_per_second, 1e-12)
-            d["kv_kept_vs_full"] = row.kv_bytes_kept / max(full.kv_bytes_kept, 1)
+            spreads["prefill_vs_full"] = cross_ratio(d, full, "prefill_seconds")
+            spreads["decode_vs_full"] = cross_ratio(d, full, "decode_tokens_per_second")
+            d["kv_kept_vs_full"] = row.kv_bytes_kept / max(full["kv_bytes_kept"], 1)
         limit = limits.get(row.group)
         if limit is not None and row.method not in ("limit", "full"):
-            d["decode_vs_limit"] = row.decode_tokens_per_second / max(limit.decode_tokens_per_second, 1e-12)
+            spreads["decode_vs_limit"] = cross_ratio(d, limit, "decode_tokens_per_second")
         snap = by.get((row.group, row.length, "snapkv"))
         if snap is not None and row.method in ("cake", "pyramidkv", "cake-grow"):
-            d["prefill_vs_snapkv"] = row.prefill_seconds / snap.prefill_seconds
-            d["kv_peak_vs_snapkv"] = row.kv_peak_prefill / max(snap.kv_peak_prefill, 1)
+            spreads["prefill_vs_snapkv"] = cross_ratio(d, snap, "prefill_seconds")
+            d["kv_peak_vs_snapkv"] = row.kv_peak_prefill / max(snap["kv_peak_prefill"], 1)
         if row.prefill_seconds > 0:
-            d["eviction_share"] = row.eviction_seconds / row.prefill_seconds
+            spreads["eviction_share"] = share(d, "eviction_seconds", "prefill_seconds")
         if row.decode_seconds > 0:
-            d["sampling_share"] = row.sampling_seconds / row.decode_seconds
+            spreads["sampling_share"] = share(d, "sampling_seconds", "decode_seconds")
+        d.update({name: s.median for name, s in spreads.items()})
+        d["spreads"] = {name: asdict(s) for name, s in spreads.items()}
         out.append(d)
     return out
+
+
+def _range(d: dict, key: str, fmt: str) -> str:
+    """'min–max' of a TIMED field over the repeats ('' with fewer than 2)."""
+    values = d.get("samples", {}).get(key) or []
+    return f"{fmt.format(min(values))}–{fmt.format(max(values))}" if len(values) > 1 else ""
+
+
+def _min(d: dict, key: str) -> str:
+    values = d.get("samples", {}).get(key) or [d[key]]
+    return f"{min(values):.2f}"
+
+
+def _spread_pct(d: dict, key: str) -> str:
+    """The spread of a TIMED field, (max - min) / median in %, ('' with fewer than 2 repeats)."""
+    values = d.get("samples", {}).get(key) or []
+    if len(values) < 2 or not statistics.median(values):
+        return ""
+    return f"±{50 * (max(values) - min(values)) / statistics.median(values):.1f}%"
 
 
 def _ratio(d: dict, key: str) -> str:
@@ -51,9 +76,12 @@ COLUMNS = (
     ("tokens", lambda d: str(d["length"])),
     ("method", lambda d: d["method"]),
     ("prefill s", lambda d: f"{d['prefill_seconds']:.2f}"),
+    ("min", lambda d: _min(d, "prefill_seconds")),
+    ("spread", lambda d: _spread_pct(d, "prefill_seconds")),
     ("vs full", lambda d: _ratio(d, "prefill_vs_full")),
     ("TTFT s", lambda d: f"{d['ttft_seconds']:.2f}"),
     ("decode tok/s", lambda d: f"{d['decode_tokens_per_second']:.1f}"),
+    ("min–max", lambda d: _range(d, "decode_tokens_per_second", "{:.1f}")),
     ("vs full", lambda d: _ratio(d, "decode_vs_full")),
     ("vs limit", lambda d: _ratio(d, "decode_vs_limit")),
     ("KV kept", lambda d: human_bytes(d["kv_bytes_kept"])),
@@ -61,11 +89,14 @@ COLUMNS = (
     ("evict s", lambda d: f"{d['eviction_seconds']:.2f}"),
     ("RSS +", lambda d: human_bytes(d["rss_peak_delta"]) if d["rss_peak_delta"] else "–"),
     ("threads", lambda d: d["threads"]),
+    ("runs", lambda d: str(d["repeats"])),
 )
 
 
 def speed_tables(rows: list[dict], title: str) -> list[Table]:
-    """One table per group: absolute numbers, then ratios vs the full cache and the limit."""
+    """One table per group: medians over the repeats (prefill also its min and spread, ± half the
+    min-max range in % of the median; decode its min-max), then ratios vs the full cache and the
+    limit, and the number of timed runs."""
     tables = []
     for group in dict.fromkeys(d["group"] for d in rows):
         t = Table(box=box.SIMPLE_HEAD, title=f"{title} · {group}", title_justify="left", pad_edge=False)

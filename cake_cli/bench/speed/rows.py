@@ -2,16 +2,18 @@
 eviction overhead of each method, side by side in one process.
 
 Every method runs on the same real prompt (the Python language reference shipped with CPython)
-cut to each context length, with the same thread policy the CLI uses (`tasks.threads`), repeated;
-the median of the repeats is reported. The decode "limit" row is the full cache with a prompt only
-as long as the budget: what decoding at that cache size cannot beat.
+cut to each context length, with the same thread policy the CLI uses (`tasks.threads`), after one
+unmeasured warm-up run, `repeats` times; a row holds the median of the repeats and every repeat's
+timings (`SpeedRow.samples`), so a comparison can show its spread (`Spread`). The decode "limit"
+row is the full cache with a prompt only as long as the budget: what decoding at that cache size
+cannot beat.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -22,13 +24,23 @@ from cake_cli.engine.methods import with_method
 from cake_cli.tasks.threads import Threads, decode_following_load
 from cake_cli.tasks.threads import using as threads_using
 
+TIMED = (
+    "prefill_seconds",
+    "ttft_seconds",
+    "decode_tokens_per_second",
+    "eviction_seconds",
+    "sampling_seconds",
+    "decode_seconds",
+)  # the measurements that vary from run to run; `SpeedRow.samples` keeps each repeat's
+
 
 @dataclass(frozen=True)
 class SpeedRow:
     """Median measurements of one case. Bytes measured from the cache tensors, times in seconds.
 
     `group` names what the row is compared within: rows with the same group and length share a
-    full-cache row (ratios), e.g. "qwen2.5-coder-0.5b · bfloat16 · engine".
+    full-cache row (ratios), e.g. "qwen2.5-coder-0.5b · bfloat16 · engine". `samples` holds, for
+    each TIMED field, its value in every repeat (run order); the field itself is their median.
     """
 
     group: str
@@ -48,6 +60,47 @@ class SpeedRow:
     decode_seconds: float
     threads: str  # "prefill/decode"
     repeats: int
+    samples: dict[str, tuple[float, ...]] = field(default_factory=dict)  # TIMED field -> one value per repeat
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A comparison over the repeats: the median (the verdict's value), the min and max it can take
+    across the repeats' runs, and how many repeats stand behind it (the fewer of the two rows')."""
+
+    median: float
+    low: float
+    high: float
+    repeats: int
+
+    def covers(self, target: float) -> bool:
+        """Whether `target` lies within [low, high]: the repeats cannot tell the two sides apart."""
+        return self.low <= target <= self.high
+
+
+def _values(row: dict, key: str) -> list[float]:
+    """Every repeat's value of `key` in a row dict (its median alone when it kept no samples)."""
+    return list(row.get("samples", {}).get(key) or [row[key]])
+
+
+def cross_ratio(a: dict, b: dict, key: str) -> Spread:
+    """a[key] / b[key] for two rows measured in separate runs: the median is the ratio of the
+    medians; low and high pair a's smallest with b's largest value and the reverse (any pairing of
+    their repeats lies between)."""
+    xa, xb = _values(a, key), _values(b, key)
+    tiny = 1e-12
+    return Spread(
+        a[key] / max(b[key], tiny),
+        min(xa) / max(max(xb), tiny),
+        max(xa) / max(min(xb), tiny),
+        min(len(xa), len(xb)),
+    )
+
+
+def share(row: dict, part: str, whole: str) -> Spread:
+    """row[part] / row[whole] within each repeat (both timed in the same run): median, min, max."""
+    shares = [p / w for p, w in zip(_values(row, part), _values(row, whole)) if w > 0] or [0.0]
+    return Spread(statistics.median(shares), min(shares), max(shares), len(shares))
 
 
 def config_for(method: str, base: CakeConfig) -> CakeConfig | None:
@@ -79,15 +132,26 @@ def measure(model, ids: torch.Tensor, config: CakeConfig | None, new_tokens: int
     }
 
 
+WARMUP_TOKENS = 256  # prompt tokens of the unmeasured warm-up run before a block of timed runs
+WARMUP_NEW_TOKENS = 4  # tokens it generates
 INT_FIELDS = ("decode_steps", "kv_bytes_kept", "kv_peak_prefill", "kv_bytes_full", "rss_peak_delta")
 
 
 def median_row(group: str, length: int, method: str, budget: int | None, runs: list[dict], threads: str) -> SpeedRow:
-    """Median of each measurement over the repeats."""
+    """Median of each measurement over the repeats `runs` (dicts of `measure`'s keys), with every
+    repeat's TIMED values kept as `samples`."""
     med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
     values = {k: int(v) if k in INT_FIELDS else float(v) for k, v in med.items()}
+    samples = {key: tuple(float(run[key]) for run in runs) for key in TIMED if key in runs[0]}
     return SpeedRow(
-        group=group, length=length, method=method, budget=budget, threads=threads, repeats=len(runs), **values
+        group=group,
+        length=length,
+        method=method,
+        budget=budget,
+        threads=threads,
+        repeats=len(runs),
+        samples=samples,
+        **values,
     )
 
 
@@ -115,7 +179,8 @@ def run_speed(
         methods: names from `bench.suites.SPEED_METHODS`.
         threads: prefill / decode thread counts (`tasks.threads.choose`).
         new_tokens: tokens generated per run (decode speed is over new_tokens - 1 steps).
-        repeats: runs per case; the median is reported.
+        repeats: timed runs per case, after one unmeasured warm-up run of this call; the median is
+            reported, every repeat kept in `SpeedRow.samples`.
         on_case: progress callback, called before each run with a short label.
 
     Returns:
@@ -127,8 +192,8 @@ def run_speed(
     if max(lengths) > len(token_ids):
         raise ValueError(f"the prompt has {len(token_ids)} tokens, fewer than the longest length {max(lengths)}")
     device = model.get_input_embeddings().weight.device
-    warm = torch.tensor([token_ids[: min(256, len(token_ids))]], device=device)
-    measure(model, warm, config_for("cake", base), 4, threads)  # warm-up, not measured
+    warm = torch.tensor([token_ids[: min(WARMUP_TOKENS, len(token_ids))]], device=device)
+    measure(model, warm, config_for("cake", base), WARMUP_NEW_TOKENS, threads)  # warm-up, not measured
     cases = [(n, m) for n in lengths for m in methods] + [(base.budget, "limit")]
     label = f"{threads.prefill}/{threads.decode}"
     rows = []

@@ -1,14 +1,55 @@
-"""The speed targets of `cake bench speed` as PASS / FAIL lines, from the rows with their ratios
-(`speed_report.ratios`). Groups are named "<model> · <dtype> · <path>"; a target whose rows are
-absent from the run is not printed."""
+"""The speed targets of `cake bench speed` as verdict lines, from the rows with their ratios
+(`speed.report.ratios`). Groups are named "<model> · <dtype> · <path>"; a target whose rows are
+absent from the run is not printed.
+
+A line starts with its verdict:
+- `PASS` / `FAIL`: the median over the repeats meets / misses the target, and so does every
+  pairing of the repeats (`rows.Spread`: the target lies outside [min, max]);
+- `within noise`: the target lies within the min-max spread of the repeats, so they cannot say
+  which side the case is on;
+- `too few repeats`: a timing target with fewer than MIN_REPEATS timed runs behind it (no verdict);
+- `no comparable row`: kvpress's row has no row of ours within PAIR_TOLERANCE of its length.
+KV bytes are deterministic, so their lines are PASS / FAIL on one run.
+"""
 
 from __future__ import annotations
 
+from cake_cli.bench.speed.rows import Spread, cross_ratio
+
 LONG = 7600  # "8K" targets apply to rows at least this long (SmolLM2 stops at 7,600 prompt tokens)
+MIN_REPEATS = 3  # timed runs a timing target needs before it decides
+PAIR_TOLERANCE = 0.02  # rows compared across paths must be this close in prompt tokens (fraction)
 
 
 def _line(ok: bool, text: str) -> str:
     return f"{'PASS' if ok else 'FAIL'} {text}"
+
+
+def verdict(spread: Spread, target: float, at_least: bool) -> str:
+    """The verdict word of a timing target (see the module docstring)."""
+    if spread.repeats < MIN_REPEATS:
+        return "too few repeats"
+    if spread.covers(target):
+        return "within noise"
+    return "PASS" if (spread.median >= target if at_least else spread.median <= target) else "FAIL"
+
+
+def timed_line(text: str, spread: Spread, target: float, *, at_least: bool, unit: str = "x") -> str:
+    """'<verdict> <text> <median> (min … max … over N runs; target …)' for a timing target;
+    `unit` "x" prints ratios, "%" shares."""
+
+    def fmt(x: float) -> str:
+        return f"{100 * x:.1f}%" if unit == "%" else f"{x:.2f}x"
+
+    bound = ">=" if at_least else "<="
+    return (
+        f"{verdict(spread, target, at_least)} {text} {fmt(spread.median)} "
+        f"(min {fmt(spread.low)}, max {fmt(spread.high)} over {spread.repeats} runs; target {bound} {fmt(target)})"
+    )
+
+
+def _spread(row: dict, key: str) -> Spread:
+    return Spread(**row["spreads"][key])
 
 
 def _split(group: str) -> tuple[str, str, str]:
@@ -23,16 +64,20 @@ def _rows(rows: list[dict], path: str, method: str, long: bool = True) -> list[d
 
 
 def bf16_lines(rows: list[dict]) -> list[str]:
-    """bf16 prefill >= 1.5x float32 at 4K and 8K (full cache, engine rows)."""
+    """bf16 prefill >= 1.5x float32 at 4K and 8K: the full-cache engine rows of one model and length."""
     out = []
-    fp32 = {(_split(r["group"])[0], r["length"]): r for r in rows if r["group"].endswith("float32 · engine")}
+    fp32 = {
+        (_split(r["group"])[0], r["length"]): r
+        for r in rows
+        if r["group"].endswith("float32 · engine") and r["method"] == "full"
+    }
     for r in rows:
         model, dtype, path = _split(r["group"])
         other = fp32.get((model, r["length"]))
         if dtype == "bfloat16" and path == "engine" and r["method"] == "full" and r["length"] >= 4000 and other:
-            speedup = other["prefill_seconds"] / r["prefill_seconds"]
+            speedup = cross_ratio(other, r, "prefill_seconds")  # float32 seconds / bf16 seconds
             out.append(
-                _line(speedup >= 1.5, f"{model} at {r['length']}: bf16 prefill {speedup:.2f}x float32 (target 1.5x)")
+                timed_line(f"{model} at {r['length']}: bf16 prefill speed-up over float32", speedup, 1.5, at_least=True)
             )
     return out
 
@@ -43,26 +88,27 @@ def engine_lines(rows: list[dict]) -> list[str]:
     out = []
     for r in _rows(rows, "engine", "cake"):
         where = f"{_split(r['group'])[0]} {_split(r['group'])[1]} at {r['length']}, B={r['budget']}"
-        if "decode_vs_full" in r:
+        spreads = r.get("spreads", {})
+        if "decode_vs_full" in spreads:
+            out.append(timed_line(f"{where}: CAKE decode vs full", _spread(r, "decode_vs_full"), 2.2, at_least=True))
+        if "decode_vs_limit" in spreads:
             out.append(
-                _line(r["decode_vs_full"] >= 2.2, f"{where}: CAKE decode {r['decode_vs_full']:.2f}x full (target 2.2x)")
+                timed_line(f"{where}: CAKE decode vs the limit", _spread(r, "decode_vs_limit"), 0.9, at_least=True)
             )
-        if "decode_vs_limit" in r:
+        if "prefill_vs_full" in spreads:
             out.append(
-                _line(
-                    r["decode_vs_limit"] >= 0.9,
-                    f"{where}: CAKE decode {r['decode_vs_limit']:.2f}x the limit (target 0.9x)",
+                timed_line(f"{where}: CAKE prefill vs full", _spread(r, "prefill_vs_full"), 1.05, at_least=False)
+            )
+        if "eviction_share" in spreads:
+            out.append(
+                timed_line(
+                    f"{where}: scoring + eviction, share of prefill",
+                    _spread(r, "eviction_share"),
+                    0.05,
+                    at_least=False,
+                    unit="%",
                 )
             )
-        if "prefill_vs_full" in r:
-            out.append(
-                _line(
-                    r["prefill_vs_full"] <= 1.05,
-                    f"{where}: CAKE prefill {r['prefill_vs_full']:.2f}x full (target <= 1.05x)",
-                )
-            )
-        share = r.get("eviction_share", 0.0)
-        out.append(_line(share <= 0.05, f"{where}: scoring + eviction {100 * share:.1f}% of prefill (target <= 5%)"))
     return out
 
 
@@ -73,19 +119,21 @@ def cli_lines(rows: list[dict]) -> list[str]:
     for task in ("qa", "summarize"):
         for r in _rows(rows, f"cli {task}", "cake"):
             where = f"{_split(r['group'])[0]} `cake {task}` at {r['length']}"
-            if "decode_vs_full" in r:
+            spreads = r.get("spreads", {})
+            if "decode_vs_full" in spreads:
                 out.append(
-                    _line(
-                        r["decode_vs_full"] >= 2.0, f"{where}: CAKE decode {r['decode_vs_full']:.2f}x full (target 2x)"
+                    timed_line(f"{where}: CAKE decode vs full", _spread(r, "decode_vs_full"), 2.0, at_least=True)
+                )
+            if "sampling_share" in spreads:
+                out.append(
+                    timed_line(
+                        f"{where}: token choice incl. n-gram blocking, share of decode",
+                        _spread(r, "sampling_share"),
+                        0.05,
+                        at_least=False,
+                        unit="%",
                     )
                 )
-            share = r.get("sampling_share", 0.0)
-            out.append(
-                _line(
-                    share <= 0.05,
-                    f"{where}: token choice incl. n-gram blocking {100 * share:.1f}% of decode (target <= 5%)",
-                )
-            )
     return out
 
 
@@ -96,15 +144,23 @@ def busy_lines(rows: list[dict]) -> list[str]:
     for r in rows:
         base = quiet.get((_split(r["group"])[:2], r["length"], r["method"]))
         if _split(r["group"])[2] == "busy" and base:
-            share = r["decode_tokens_per_second"] / base["decode_tokens_per_second"]
             where = f"{_split(r['group'])[0]} {r['method']} at {r['length']} with one core busy"
-            out.append(_line(share >= 0.6, f"{where}: decode {share:.2f}x quiet (target 0.6x)"))
+            ratio = cross_ratio(r, base, "decode_tokens_per_second")
+            out.append(timed_line(f"{where}: decode vs quiet", ratio, 0.6, at_least=True))
     return out
 
 
+def comparable(ours: list[dict], length: int, tolerance: float = PAIR_TOLERANCE) -> dict | None:
+    """The row of `ours` nearest to `length` prompt tokens if within `tolerance` (a fraction of
+    `length`), else None: a 4K row is never compared with an 8K one."""
+    near = [r for r in ours if abs(r["length"] - length) <= tolerance * length]
+    return min(near, key=lambda r: abs(r["length"] - length)) if near else None
+
+
 def kvpress_lines(rows: list[dict]) -> list[str]:
-    """Our SnapKV and CAKE vs kvpress's SnapKV on the same document and budget: decode >= its,
-    prefill <= 1.0x its, KV bytes equal."""
+    """Our SnapKV and CAKE vs kvpress's SnapKV on the same document and budget, at equal length
+    (within PAIR_TOLERANCE; its prompt adds the chat template): decode >= its, prefill <= 1.0x
+    its, KV bytes equal."""
     out = []
     for k in (r for r in rows if r["method"] == "kvpress-snapkv"):
         model, dtype, _ = _split(k["group"])
@@ -112,12 +168,19 @@ def kvpress_lines(rows: list[dict]) -> list[str]:
             ours = [r for r in rows if r["group"] == f"{model} · {dtype} · engine" and r["method"] == method]
             if not ours:
                 continue
-            mine = min(ours, key=lambda r: abs(r["length"] - k["length"]))
-            where = f"{model} {method} vs kvpress SnapKV at ~{k['length']} tokens"
-            ours_tps, theirs_tps = mine["decode_tokens_per_second"], k["decode_tokens_per_second"]
-            out.append(_line(ours_tps >= theirs_tps, f"{where}: decode {ours_tps:.1f} vs {theirs_tps:.1f} tok/s"))
-            ratio = mine["prefill_seconds"] / k["prefill_seconds"]
-            out.append(_line(ratio <= 1.0, f"{where}: prefill {ratio:.2f}x kvpress's (target <= 1.0x)"))
+            mine = comparable(ours, k["length"])
+            if mine is None:
+                lengths = ", ".join(str(r["length"]) for r in ours)
+                out.append(
+                    f"no comparable row {model} {method} vs kvpress SnapKV at {k['length']} tokens: ours are at "
+                    f"{lengths} tokens, none within {PAIR_TOLERANCE:.0%}"
+                )
+                continue
+            where = f"{model} {method} at {mine['length']} vs kvpress SnapKV at {k['length']} tokens"
+            decode = cross_ratio(mine, k, "decode_tokens_per_second")
+            out.append(timed_line(f"{where}: decode vs kvpress's", decode, 1.0, at_least=True))
+            prefill = cross_ratio(mine, k, "prefill_seconds")
+            out.append(timed_line(f"{where}: prefill vs kvpress's", prefill, 1.0, at_least=False))
             kv = mine["kv_bytes_kept"] / max(k["kv_bytes_kept"], 1)
             out.append(_line(abs(kv - 1) <= 0.02, f"{where}: KV bytes kept {kv:.3f}x kvpress's (target equal)"))
     return out

@@ -53,7 +53,7 @@ def quality(
         typer.Option(
             metavar="LIST",
             show_default=False,
-            help="KV budgets B in tokens per layer, comma-separated. "
+            help="KV budgets B, tokens per layer on average, window included; comma-separated. "
             "Default: 64,128,256,512,1024 (--quick: 128,256,512).",
         ),
     ] = None,

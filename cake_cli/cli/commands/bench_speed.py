@@ -27,7 +27,10 @@ def speed(
             help="Model(s), comma-separated (default: the embedded default model).",
         ),
     ] = None,
-    budget: Annotated[int, typer.Option("--budget", "-b", metavar="TOKENS", help="B, tokens per layer.")] = 256,
+    budget: Annotated[
+        int,
+        typer.Option("--budget", "-b", metavar="TOKENS", help="B, tokens per layer on average, window included."),
+    ] = 256,
     window: o.Window = None,
     lengths: Annotated[
         str, typer.Option(metavar="LIST", help="Prompt lengths in tokens, comma-separated.")
@@ -54,13 +57,21 @@ def speed(
     ] = False,
     busy: Annotated[bool, o._flag("--busy", help="Also decode with a spinning process holding one core.")] = False,
     new_tokens: Annotated[int, typer.Option(metavar="N", help="Tokens generated per engine run.")] = 32,
-    repeats: Annotated[int, typer.Option(metavar="N", help="Runs per engine case; the median is reported.")] = 3,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            help="Timed runs of every row (engine, CLI, busy core, kvpress), each block after one warm-up run; the "
+            "median is reported with its spread. A timing target decides only on >= 3.",
+        ),
+    ] = 3,
     attention: o.Attention = "auto",
     json_out: o.Json = False,
 ) -> None:
     """Prefill seconds, time to first token, decode tokens/s, KV bytes (kept and peak during prefill), peak
     process memory and eviction overhead of each method, side by side in one run, with ratios vs the full
-    cache and the decode limit; optionally the CLI's own tasks, a busy core and kvpress; then the targets."""
+    cache and the decode limit; optionally the CLI's own tasks, a busy core and kvpress; then the targets
+    (PASS / FAIL, "within noise" when the target lies within the repeats' spread)."""
     with handled():
         sizes = int_list(lengths, "--lengths")
         names = [m.strip() for m in methods.split(",") if m.strip()]

@@ -17,6 +17,7 @@ from cake_cli.bench.quality.plot import plot as draw
 from cake_cli.bench.quality.report import (
     check_resumable,
     load_results,
+    of_setting,
     row_key,
     rows_as_dicts,
     save_results,
@@ -24,9 +25,10 @@ from cake_cli.bench.quality.report import (
     target_checks,
 )
 from cake_cli.bench.quality.run import Model as QualityModel
-from cake_cli.bench.quality.run import count_steps, run_grid
+from cake_cli.bench.quality.run import count_steps, expected_taus, run_grid
 from cake_cli.bench.quality.tables import markdown as to_markdown
 from cake_cli.bench.quality.tables import rich_tables
+from cake_cli.bench.suites import CASE_DRAW, cell_keys
 from cake_cli.bench.tau_search import choose, write_profile_taus
 from cake_cli.cli.bench_options import GridSetup
 from cake_cli.cli.progress import console, stderr_console
@@ -50,6 +52,7 @@ def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
         "lengths": list(suite.lengths),
         "depths": list(suite.depths),
         "repeats": suite.repeats,
+        "draw": CASE_DRAW,
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
@@ -62,7 +65,7 @@ def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
 
 def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, dict, list[dict]]:
     """Load the model, resume `setup.output`, run the pending cells with a progress bar, save after
-    every case. Returns (loaded model, meta, every row of this grid)."""
+    every case. Returns (loaded model, meta, the rows of this run's setting: `report.of_setting`)."""
     loaded = load(setup.model, setup.dtype, setup.attention)
     budgets = list(setup.configs)
     runner_model = QualityModel(loaded.model, loaded.tokenizer, prompt_limit(loaded, 64), stop_token_ids(loaded))
@@ -71,7 +74,14 @@ def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, di
     old_meta, rows = load_results(output) if output else ({}, [])
     if output:
         check_resumable(output, old_meta, meta)
-    done = {row_key(r) for r in rows}
+    cells, taus = cell_keys(setup.suite, setup.variants, budgets), expected_taus(setup.variants, setup.configs)
+    mine, others = of_setting(rows, cells, taus)
+    if others:
+        stderr_console().print(
+            f"[dim]{escape(str(output))}: {len(others)} stored results of another setting (other tasks, lengths, "
+            "depths, repeats, methods, budgets or taus) stay in the file and out of these tables[/]"
+        )
+    done = {row_key(r) for r in mine}
     prefills, replays = count_steps(setup.suite, setup.variants, budgets, done)
     if done:
         stderr_console().print(
@@ -104,16 +114,7 @@ def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, di
         )
     if output:  # also when nothing was left to run: the meta then names the command behind the tables
         save_results(output, {**old_meta, **meta}, rows)
-    names = {v.name for v in setup.variants}
-    rows = [
-        r
-        for r in rows
-        if r["method"] in names
-        and (r["budget"] is None or r["budget"] in setup.configs)
-        and r["task"] in setup.suite.tasks
-        and r["length"] in setup.suite.lengths
-    ]
-    return loaded, meta, rows
+    return loaded, meta, of_setting(rows, cells, taus)[0]
 
 
 def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 from rich.markup import escape
 
 from cake_cli.bench.corpus import python_docs_text
-from cake_cli.bench.speed.paths import busy_core, cli_row, document_file, kvpress_row, safe
+from cake_cli.bench.speed.paths import QUESTION, busy_core, cli_row, document_file, kvpress_row, safe
 from cake_cli.bench.speed.report import ratios, speed_tables
-from cake_cli.bench.speed.rows import run_speed
+from cake_cli.bench.speed.rows import WARMUP_TOKENS, run_speed
 from cake_cli.bench.speed.targets import target_lines
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.cli.runners.bench_common import command_line, machine, progress_bar
@@ -57,6 +57,9 @@ def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, o
     lengths = [n for n in setup.lengths if n <= limit]
     if len(lengths) < len(setup.lengths):
         warn(f"{name}: lengths above its {limit}-token prompt limit skipped")
+    n = min(setup.cli_length, limit)
+    if first and setup.kvpress and n not in lengths:  # kvpress is compared with our rows at its own length
+        lengths.append(n)
     threads = choose(None)
     rows = run_speed(
         loaded.model,
@@ -72,7 +75,6 @@ def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, o
     )
     if not first:
         return rows
-    n = min(setup.cli_length, limit)
     rows += _path_rows(setup, ready, request, ids[:n], group, base, on_case, warn)
     return rows
 
@@ -82,11 +84,15 @@ def _path_rows(setup, ready: ReadyModel, request, ids, group, base: CakeConfig, 
     rows, n = [], len(ids)
     with tempfile.TemporaryDirectory() as tmp:
         doc = document_file(ready.loaded.tokenizer, ids, Path(tmp))
+        warm = document_file(ready.loaded.tokenizer, ids[:WARMUP_TOKENS], Path(tmp))
         for task in setup.cli_tasks:
-            fields = {"question": "What is this document about? Answer in one sentence."} if task == "qa" else {}
+            fields = {"question": QUESTION} if task == "qa" else {}
             task_request = replace(request, task=task, document=str(doc), fields=fields, budget=base.budget)
             for method in ("full", "cake"):
-                rows.append(cli_row(ready, task_request, f"{group} · cli {task}", method, on_case))
+                row = cli_row(
+                    ready, task_request, f"{group} · cli {task}", method, on_case, repeats=setup.repeats, warmup=warm
+                )
+                rows.append(row)
     if setup.busy:  # the same case back to back: quiet, then with one core busy
         for label in ("quiet", "busy"):
             with busy_core() if label == "busy" else nullcontext():
@@ -99,7 +105,7 @@ def _path_rows(setup, ready: ReadyModel, request, ids, group, base: CakeConfig, 
                     methods=["cake"],
                     threads=choose(None),
                     new_tokens=setup.new_tokens,
-                    repeats=1,
+                    repeats=setup.repeats,
                     on_case=on_case,
                 )[:1]
     if setup.kvpress and ready.loaded.path is not None:
@@ -116,6 +122,7 @@ def _path_rows(setup, ready: ReadyModel, request, ids, group, base: CakeConfig, 
                 new_tokens=setup.new_tokens,
                 threads=(threads.prefill, threads.decode),
                 dtype=dtype,
+                repeats=setup.repeats,
             )
 
         rows += safe("kvpress", make, warn)

@@ -3,25 +3,12 @@
 Only this module imports the PDF library; :mod:`cake_cli.tasks.inputs.documents` turns the page texts it
 returns into a :class:`~cake_cli.tasks.inputs.documents.Document`.
 
-Why PDFium: it keeps the spaces between words. Measured once (the script is not shipped) on 15
-real PDFs from Debian packages (debian-faq, debian-history, r-doc-pdf, valgrind, nettle, bzip2,
-libtasn1, fontconfig, zlib, shared-mime-info: 1,339 pages from pdfTeX, xdvipdfmx and Apache FOP).
-"words" are whitespace tokens of 2+ ASCII letters (punctuation around them allowed), "dict" the
-share of them in ``/usr/share/dict/words``, "glued" the tokens of 20+ letters; same
-normalisation and line-end de-hyphenation for all three:
-
-===================  =======  =====  ======  ======  ===============================
-library              words    dict   glued   time    worst file (words, glued)
-===================  =======  =====  ======  ======  ===============================
-pypdfium2 5.15       399,607  0.939      35   1.1 s  --
-pypdf 7.1            379,057  0.935     547  14.8 s  debian-faq: 3,501 vs 22,549; 514
-pdfplumber 0.11      353,351  0.929   1,695  76.7 s  shared-mime-info: 234 vs 4,396
-===================  =======  =====  ======  ======  ===============================
-
-pypdf glues whole lines on the xdvipdfmx file ("packagemaintenancesystem;theDebian…", dict
-0.726 vs 0.976); pdfplumber glues words on 14 of 15 files (project-history: 2,002 words vs
-9,089). On the other files pypdf and pypdfium2 agree within 0.016 dict / 5 % words. PDFium is
-also ~13x faster than pypdf and repairs broken cross-reference tables when it opens a file.
+Why PDFium: it keeps the spaces between words. In a one-off comparison on real PDFs from Debian
+packages (pdfTeX, xdvipdfmx and Apache FOP output; its script and figures were not kept, so none
+are quoted here) pypdf glued whole lines together on the xdvipdfmx file ("packagemaintenancesystem;
+theDebian…") and pdfplumber glued words on most files, while PDFium kept the words apart; PDFium
+was also the fastest of the three, and it repairs broken cross-reference tables when it opens a
+file.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ is a library of torch + transformers only, modules and engine functions stay sma
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ MAX_MODULE_LINES = 500  # a cap on one concept's size; split by concept, not by 
 MAX_ENGINE_FUNCTION_LINES = 60
 
 
+@functools.cache
 def modules() -> dict[str, ast.Module]:
     out = {}
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -91,6 +93,7 @@ def test_no_import_cycles():
     assert not cycles, cycles
 
 
+@pytest.mark.slow
 def test_engine_imports_neither_the_cli_stack_nor_other_project_packages():
     code = (
         "import sys, cake_cli.engine as e; [getattr(e, n) for n in e.__all__]; "

@@ -18,7 +18,7 @@ from cake_cli.errors import CakeError, UsageError
 from tests.helpers.batch import TINY, invoke, lines, untimed, write_docs
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,7 @@ def count_prefills(monkeypatch):
     return calls
 
 
+@pytest.mark.slow
 def test_quality_end_to_end_then_resume(cli_env, count_prefills):
     out = cli_env / "results.json"
     args = [

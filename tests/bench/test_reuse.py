@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from cake_cli.bench.quality.run import Model
@@ -18,6 +19,7 @@ from tests.helpers.tiny import build_tiny_tokenizer
 runner = CliRunner()
 
 
+@pytest.mark.slow
 def test_without_eviction_agnostic_equals_aware():
     tokenizer = build_tiny_tokenizer()
     lm = tiny_llama(vocab=len(tokenizer))

@@ -152,6 +152,7 @@ def test_one_worker_follows_the_load_and_threads_do_not_change_the_key(cli_env, 
 
 
 # ---------------------------------------------------------------- workers
+@pytest.mark.slow
 def test_two_workers_give_the_rows_of_one(cli_env, docs):
     write_docs(docs, 4)
     one, two = cli_env / "one.jsonl", cli_env / "two.jsonl"
@@ -223,6 +224,7 @@ def children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_killed_batch_loses_no_finished_row_and_the_rerun_runs_exactly_the_rest(cli_env, docs, workers):
@@ -254,6 +256,7 @@ def test_a_killed_batch_loses_no_finished_row_and_the_rerun_runs_exactly_the_res
     assert sorted(names) == [f"doc{n}.txt" for n in range(5)], "every row exactly once"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_a_killed_worker_process_is_restarted_and_its_row_runs_again(cli_env, docs):
     write_docs(docs, 4)

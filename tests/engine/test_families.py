@@ -221,6 +221,7 @@ _random_models: dict = {}
     backend=st.sampled_from(["eager", "sdpa"]),
     seed=st.integers(0, 1000),
 )
+@pytest.mark.slow
 def test_random_families_match_the_masking_reference(arch, kinds, sliding, n, window, extra, policy, backend, seed):
     """Random layer kinds (local / global), windows, prompts and budgets: engine = reference."""
     key = (arch, tuple(kinds), sliding)

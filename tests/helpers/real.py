@@ -15,7 +15,11 @@ def real_model_marks(wheel: tuple[str, str]) -> list:
     its wheel (`SMOLLM2`, `DEFAULT_MODEL`) is not installed."""
     module, install = wheel
     missing = importlib.util.find_spec(module) is None
-    return [pytest.mark.real_model, pytest.mark.skipif(missing, reason=f"embedded model not installed: {install}")]
+    return [
+        pytest.mark.real_model,
+        pytest.mark.slow,
+        pytest.mark.skipif(missing, reason=f"embedded model not installed: {install}"),
+    ]
 
 
 # The classic needle-in-a-haystack sentence (Kamradt's NIAH, reused by NeedleBench).

@@ -427,6 +427,7 @@ def test_a_full_disk_for_any_gguf(tiny_gguf, monkeypatch):
 QWEN = EMBEDDED_MODELS["qwen2.5-coder-0.5b-q4_k_m"]
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 def test_the_real_qwen_wheels_join_to_the_pinned_gguf(tmp_path):
     try:

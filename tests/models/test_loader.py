@@ -383,6 +383,7 @@ def converted(tmp_path_factory):
     yield home, lm, seen[0], messages, first_s
 
 
+@pytest.mark.slow
 @pytest.mark.real_model
 @needs_smollm2
 def test_embedded_conversion_round_trip(converted, monkeypatch):

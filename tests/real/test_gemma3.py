@@ -27,6 +27,7 @@ from tests.helpers.texts import license_text
 GGUF = os.environ.get("CAKE_TEST_GEMMA3_GGUF")
 pytestmark = [
     pytest.mark.real_model,
+    pytest.mark.slow,
     pytest.mark.skipif(not GGUF or not Path(GGUF).is_file(), reason="set CAKE_TEST_GEMMA3_GGUF to the Gemma 3 GGUF"),
 ]
 

@@ -206,6 +206,8 @@ SCORING_TEXT = {  # CompressResult.scoring -> what the report says
     "end": "observation window: the document's end (question-agnostic: evicted before any question)",
     "instruction": "observation window: a question-less instruction (question-agnostic: evicted before any question)",
     "none": "kept whole (--method full): a task may evict it with its own question and --budget",
+    "reconstruct": "reconstruction: each token scored by the attention of the model repeating the document "
+    "(question-agnostic: evicted before any question)",
 }
 
 

@@ -58,7 +58,7 @@ class CacheInfo:
     kv_bytes: int  # the compressed prefix's keys and values
     prefix_tokens: int  # the shared prefix (chat opening + document block)
     continuation_tokens: int  # this task's own tokens, run after the prefix
-    scoring: str  # the .cake's scoring ("question": kept whole, evicted per question; "end" / "instruction")
+    scoring: str  # the .cake's ("question": kept whole, evicted per question; "end", "instruction", "reconstruct")
     stored_prefill_seconds: float  # what compressing the prefix cost (when and where it was made)
     read_seconds: float  # reading and checking the file now (0 when compressed in this run)
     continuation_seconds: float  # the forward over the continuation tokens
@@ -249,7 +249,7 @@ class CompressResult(PrefillSummary):
     path: str
     file_bytes: int  # the .cake file on disk (tensors + metadata)
     method: str
-    scoring: str  # "question" (kept whole, evicted per question), "end" / "instruction"; "none" for --method full
+    scoring: str  # "question" (kept whole, evicted per question), "end" / "instruction" / "reconstruct"; "none": full
     warnings: tuple[str, ...] = ()
 
     @property

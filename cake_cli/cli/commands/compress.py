@@ -17,6 +17,7 @@ from cake_cli.errors import UsageError
 from cake_cli.files import check_writable
 from cake_cli.tasks.request import COMPRESS
 from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING, SCORINGS, SUFFIX, is_cache_path
+from cake_cli.tasks.saved.request import check_scoring_method
 
 CakeOutput = Annotated[
     str,
@@ -35,7 +36,9 @@ Scoring = Annotated[
         metavar="|".join(SCORINGS).upper(),
         help="When the document is scored: question = keep the prefix whole and let each question evict it "
         "(question-aware quality, full-size file); end / instruction = evict now, question-agnostic (B·L tokens "
-        "on disk), with the window holding the document's last w tokens / a question-less instruction.",
+        "on disk), with the window holding the document's last w tokens / a question-less instruction; "
+        "reconstruct = evict now by the attention of the model repeating the document (KVzip; about twice a "
+        "prefill's time; B·L tokens on disk; --method cake or --allocation uniform).",
     ),
 ]
 
@@ -70,6 +73,7 @@ def compress(
         target = check_writable(output, "--output")
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(task_request(COMPRESS, source, {}, opts), progress)
+        check_scoring_method(checked, scoring)
         from cake_cli.cli.runners import compress as sessions  # noqa: PLC0415 - torch loads after the checks
 
         sessions.compress_and_save(checked, opts, progress, target, scoring)
@@ -89,6 +93,7 @@ def chat(document: o.RequiredDocument, scoring: Scoring = DEFAULT_SCORING, *, op
         output = check_writable(opts.output, "--output") if opts.output else None
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(task_request("qa", document, {"question": "?"}, opts), progress)
+        check_scoring_method(checked, scoring)
         from cake_cli.cli.runners import compress as sessions  # noqa: PLC0415 - torch loads after the checks
 
         sessions.chat(checked, opts, progress, output, scoring)

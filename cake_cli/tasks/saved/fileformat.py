@@ -28,7 +28,7 @@ FORMAT = "cake-cli-cache"
 FORMAT_VERSION = 1
 SUFFIX = ".cake"
 META_KEY = "cake_cli"
-SCORINGS = ("question", "end", "instruction")  # what fills the observation window (`tasks.saved.compress`)
+SCORINGS = ("question", "end", "instruction", "reconstruct")  # how the document is scored (`tasks.saved.compress`)
 DEFAULT_SCORING = "question"  # the only one that keeps question-aware quality (benchmarks/cache.md)
 
 
@@ -68,8 +68,8 @@ class CacheMeta:
     gamma: float | None
     pool_kind: str | None
     pool_kernel: int | None
-    scoring: str  # "question" (kept whole, scored when asked), "end" or "instruction"; "none" for --method full
-    probe_ids: list[int]  # the instruction's tokens scored with the document, then dropped
+    scoring: str  # "question" (kept whole, scored when asked), "end", "instruction", "reconstruct"; "none": full
+    probe_ids: list[int]  # the instruction's (or the reconstruction's repeat prompt's) tokens, scored then dropped
     evicted: bool
     layers: list[LayerMeta]
     prefix_ids: list[int]  # the shared prompt prefix (chat opening + document block)

@@ -238,12 +238,24 @@ def turn_line(turn: int, r: RunResult) -> Text:
     )
 
 
+def _bytes_text(r: CompressResult) -> str:
+    """On disk, in memory once loaded, and the full cache's, with the KV bits."""
+    bits = "16 bits (the model's dtype)" if r.kv_bits == 16 else f"{r.kv_bits} bits, groups of {r.kv_group}"
+    memory = "" if r.kv_bits == 16 else " (dequantized when loaded)"
+    return (
+        f"on disk {human_bytes(r.file_bytes)} (keys and values {human_bytes(r.kv_bytes_file)} at {bits}) · "
+        f"in memory {human_bytes(r.kv_bytes_kept)}{memory} · full cache {human_bytes(r.kv_bytes_full)} "
+        f"(the file is {r.file_fraction:.1%} of it)"
+    )
+
+
 def render_compress(r: CompressResult, console: Console) -> None:
     """The report of `cake compress` (stderr): settings, KV memory, the file, the layer chart."""
     t = _grid()
     _row(t, "file", f"{r.path} · {human_bytes(r.file_bytes)} ({r.file_ratio:.3f}× the kept KV bytes)")
     _settings_rows(t, r, r.method)
     _row(t, "scoring", SCORING_TEXT.get(r.scoring, r.scoring))
+    _row(t, "bytes", _bytes_text(r))
     _kv_row(t, r, None)
     _row(t, "time", _time_text(r))
     console.print(Panel(t, title="CAKE compress", title_align="left", border_style="cyan"))

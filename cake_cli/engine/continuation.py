@@ -29,7 +29,14 @@ from cake_cli.engine.cascade import CascadePrefill, LayerStats
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import GenerationResult, Prefilled, decode, forward_step, prefill, sync_device
-from cake_cli.engine.kvquant import DEFAULT_GROUP, PARTS, check_bits, dequantize_entry, quantize_entry
+from cake_cli.engine.kvquant import (
+    DEFAULT_GROUP,
+    PARTS,
+    DamagedTensorError,
+    check_bits,
+    dequantize_entry,
+    quantize_entry,
+)
 
 
 class DeferredCascade(CascadePrefill):
@@ -312,6 +319,8 @@ def _layer_kv(tensors: dict[str, torch.Tensor], i: int, bits: int, group: int) -
             dequantize_entry(parts, kind, bits, group, parts["recent"].shape[-1])
             for kind, parts in zip(("keys", "values"), entries)
         )
+    except DamagedTensorError as exc:
+        raise DamagedTensorError(f"layer {i}: {exc}") from None
     except (ValueError, IndexError, RuntimeError) as exc:
         raise ValueError(f"layer {i}: {exc}") from None
 

@@ -32,10 +32,15 @@ from __future__ import annotations
 
 import torch
 
-KV_BITS = (16, 8, 4)  # 16: the model's dtype, nothing quantized
-DEFAULT_GROUP = 32  # KIVI's group size
+from cake_cli.engine.config import DEFAULT_KV_GROUP, KV_BITS
+
+DEFAULT_GROUP = DEFAULT_KV_GROUP  # entries per group (KIVI's size; the file records the one used)
 PARTS = ("codes", "scale", "zero", "recent")  # tensors of one quantized keys / values entry, `<name>.<part>`
 _F16_MAX = float(torch.finfo(torch.float16).max)
+
+
+class DamagedTensorError(ValueError):
+    """Quantized parts that cannot have been written by `quantize_entry` (non-finite or non-positive scales)."""
 
 
 def check_bits(bits: int) -> None:
@@ -191,7 +196,7 @@ def dequantize_entry(parts: dict[str, torch.Tensor], kind: str, bits: int, group
         if t.dtype != torch.float16 or tuple(t.shape) != groups:
             raise ValueError(f"{kind} {name}s of shape {tuple(t.shape)} ({t.dtype}) do not fit {groups}")
     if not bool(torch.isfinite(scale).all() and (scale > 0).all() and torch.isfinite(zero).all()):
-        raise ValueError(f"{kind}: quantization scales or zeros are damaged (non-finite or not positive)")
+        raise DamagedTensorError(f"{kind}: quantization scales or zeros are damaged (non-finite or not positive)")
     old = dequantize(unpack(codes, bits, width), scale, zero, dim, group)  # [H_kv, len - r, d] float32
     return torch.cat([old.to(recent.dtype), recent], dim=1)  # [H_kv, len, d]
 

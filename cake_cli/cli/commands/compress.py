@@ -13,6 +13,7 @@ from cake_cli.cli.app import app, handled
 from cake_cli.cli.commands.tasks import checked_plan, resolve_document, task_request
 from cake_cli.cli.options import PrefillOptions, TaskOptions, with_options
 from cake_cli.cli.progress import StderrProgress
+from cake_cli.engine.config import KV_BITS
 from cake_cli.errors import UsageError
 from cake_cli.files import check_writable
 from cake_cli.tasks.request import COMPRESS
@@ -42,6 +43,24 @@ Scoring = Annotated[
     ),
 ]
 
+KvBits = Annotated[
+    int,
+    typer.Option(
+        "--kv-bits",
+        metavar="|".join(map(str, KV_BITS)),
+        help="Bits per key/value in the .cake file: 16 = the model's dtype; 8 or 4 = grouped affine quantization "
+        "(KIVI: keys per channel, values per token, groups of 32, the observation window kept exact). The file "
+        "shrinks; a loaded file is dequantized, so memory while answering is the 16-bit size (quantized "
+        "decoding in memory is a later step).",
+    ),
+]
+
+
+def check_kv_bits(bits: int) -> None:
+    """Raises UsageError for a --kv-bits other than 16, 8 or 4."""
+    if bits not in KV_BITS:
+        raise UsageError(f"--kv-bits {bits} is not supported", f"choose one of {', '.join(map(str, KV_BITS))}")
+
 
 def check_scoring(scoring: str) -> None:
     """Raises UsageError for an unknown --scoring."""
@@ -55,6 +74,7 @@ def compress(
     document: o.SourceDocument = None,
     output: CakeOutput = "",
     scoring: Scoring = DEFAULT_SCORING,
+    kv_bits: KvBits = 16,
     *,
     opts: PrefillOptions,
 ) -> None:
@@ -67,6 +87,7 @@ def compress(
         if not output.lower().endswith(SUFFIX):
             raise UsageError(f"--output {output} does not end in {SUFFIX}", f"name it e.g. report{SUFFIX}")
         check_scoring(scoring)
+        check_kv_bits(kv_bits)
         source = resolve_document(document)
         if is_cache_path(source):
             raise UsageError(f"{source} is already a compressed cache", "give the document it was made from")
@@ -76,7 +97,7 @@ def compress(
         check_scoring_method(checked, scoring)
         from cake_cli.cli.runners import compress as sessions  # noqa: PLC0415 - torch loads after the checks
 
-        sessions.compress_and_save(checked, opts, progress, target, scoring)
+        sessions.compress_and_save(checked, opts, progress, target, scoring, kv_bits)
 
 
 @app.command()

@@ -128,15 +128,16 @@ def summary_table(r: RunResult) -> Table:
     return t
 
 
-def layer_table(layers: tuple[LayerResult, ...], width: int) -> Table:
+def layer_table(layers: tuple[LayerResult, ...], width: int, rows: str = "window rows") -> Table:
     """Per-layer dispersion, shift, preference share, budget and tokens kept, with a bar chart that
-    shrinks (then goes) on a console narrower than the numbers plus BAR_WIDTH cells."""
+    shrinks (then goes) on a console narrower than the numbers plus BAR_WIDTH cells; `rows` names the
+    attention rows H and V sum over (the observation window's, or a reconstruction's)."""
     bar_width = min(BAR_WIDTH, width - NUMBERS_WIDTH)
     t = Table(
         box=box.SIMPLE_HEAD,
         title="allocation across layers",
         title_justify="left",
-        caption="H dispersion (nats, summed over heads and window rows) · V shift · P preference share · "
+        caption=f"H dispersion (nats, summed over heads and {rows}) · V shift · P preference share · "
         "B_l evictable budget · kept = B_l + w window tokens"
         + (" · local: a sliding-window layer, no budget" if _local(layers) else ""),
         caption_justify="left",
@@ -170,7 +171,7 @@ def render(r: RunResult, console: Console) -> None:
     """Print the full report to `console` (stderr in the CLI); no layer chart for the full cache."""
     console.print(Panel(summary_table(r), title=f"CAKE report · {r.task}", title_align="left", border_style="cyan"))
     if r.budget is not None:
-        console.print(layer_table(r.layers, console.width))
+        console.print(layer_table(r.layers, console.width, _rows(r.cache.scoring if r.cache else None)))
 
 
 def inspect_summary(r: InspectResult) -> Table:
@@ -238,6 +239,11 @@ def turn_line(turn: int, r: RunResult) -> Text:
     )
 
 
+def _rows(scoring: str | None) -> str:
+    """The attention rows a saved prefix's H_l and V_l sum over."""
+    return "reconstruction rows" if scoring == "reconstruct" else "window rows"
+
+
 def _bytes_text(r: CompressResult) -> str:
     """On disk, in memory once loaded, and the full cache's, with the KV bits."""
     bits = "16 bits (the model's dtype)" if r.kv_bits == 16 else f"{r.kv_bits} bits, groups of {r.kv_group}"
@@ -260,4 +266,4 @@ def render_compress(r: CompressResult, console: Console) -> None:
     _row(t, "time", _time_text(r))
     console.print(Panel(t, title="CAKE compress", title_align="left", border_style="cyan"))
     if r.budget is not None and r.evicted:  # a prefix kept whole has nothing per layer to show yet
-        console.print(layer_table(r.layers, console.width))
+        console.print(layer_table(r.layers, console.width, _rows(r.scoring)))

@@ -63,9 +63,13 @@ def test_reconstruct_file_holds_only_the_budget(rebuilt, doc, cli_env):
     assert report["eviction_seconds"] > 0, "reconstruction + eviction time is reported"
 
 
-def test_uniform_allocation(doc, cli_env):
+def test_uniform_allocation_and_the_text_report(doc, cli_env):
     path, report = compressed(doc, cli_env / "uni.cake", "--scoring", "reconstruct", "--allocation", "uniform")
     assert len({layer["kept"] for layer in report["layers"]}) == 1 and report["evicted"]
+    text = invoke("compress", doc, "-o", cli_env / "t.cake", *TINY, "-b", "64", "--scoring", "reconstruct")
+    assert text.exit_code == 0 and text.stdout == "", text.stderr
+    assert "repeating the document" in text.stderr and "summed over heads and reconstruction rows" in text.stderr
+    assert "reconstruction: chunk 1 of 1" in text.stderr
 
 
 def test_answers_from_the_file_equal_the_in_process_compression(rebuilt, doc):

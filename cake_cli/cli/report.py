@@ -128,15 +128,16 @@ def summary_table(r: RunResult) -> Table:
     return t
 
 
-def layer_table(layers: tuple[LayerResult, ...], width: int) -> Table:
+def layer_table(layers: tuple[LayerResult, ...], width: int, rows: str = "window rows") -> Table:
     """Per-layer dispersion, shift, preference share, budget and tokens kept, with a bar chart that
-    shrinks (then goes) on a console narrower than the numbers plus BAR_WIDTH cells."""
+    shrinks (then goes) on a console narrower than the numbers plus BAR_WIDTH cells; `rows` names the
+    attention rows H and V sum over (the observation window's, or a reconstruction's)."""
     bar_width = min(BAR_WIDTH, width - NUMBERS_WIDTH)
     t = Table(
         box=box.SIMPLE_HEAD,
         title="allocation across layers",
         title_justify="left",
-        caption="H dispersion (nats, summed over heads and window rows) · V shift · P preference share · "
+        caption=f"H dispersion (nats, summed over heads and {rows}) · V shift · P preference share · "
         "B_l evictable budget · kept = B_l + w window tokens"
         + (" · local: a sliding-window layer, no budget" if _local(layers) else ""),
         caption_justify="left",
@@ -170,7 +171,7 @@ def render(r: RunResult, console: Console) -> None:
     """Print the full report to `console` (stderr in the CLI); no layer chart for the full cache."""
     console.print(Panel(summary_table(r), title=f"CAKE report · {r.task}", title_align="left", border_style="cyan"))
     if r.budget is not None:
-        console.print(layer_table(r.layers, console.width))
+        console.print(layer_table(r.layers, console.width, _rows(r.cache.scoring if r.cache else None)))
 
 
 def inspect_summary(r: InspectResult) -> Table:
@@ -206,6 +207,8 @@ SCORING_TEXT = {  # CompressResult.scoring -> what the report says
     "end": "observation window: the document's end (question-agnostic: evicted before any question)",
     "instruction": "observation window: a question-less instruction (question-agnostic: evicted before any question)",
     "none": "kept whole (--method full): a task may evict it with its own question and --budget",
+    "reconstruct": "reconstruction: each token scored by the attention of the model repeating the document "
+    "(question-agnostic: evicted before any question)",
 }
 
 
@@ -236,14 +239,31 @@ def turn_line(turn: int, r: RunResult) -> Text:
     )
 
 
+def _rows(scoring: str | None) -> str:
+    """The attention rows a saved prefix's H_l and V_l sum over."""
+    return "reconstruction rows" if scoring == "reconstruct" else "window rows"
+
+
+def _bytes_text(r: CompressResult) -> str:
+    """On disk, in memory once loaded, and the full cache's, with the KV bits."""
+    bits = "16 bits (the model's dtype)" if r.kv_bits == 16 else f"{r.kv_bits} bits, groups of {r.kv_group}"
+    memory = "" if r.kv_bits == 16 else " (dequantized when loaded)"
+    return (
+        f"on disk {human_bytes(r.file_bytes)} (keys and values {human_bytes(r.kv_bytes_file)} at {bits}) · "
+        f"in memory {human_bytes(r.kv_bytes_kept)}{memory} · full cache {human_bytes(r.kv_bytes_full)} "
+        f"(the file is {r.file_fraction:.1%} of it)"
+    )
+
+
 def render_compress(r: CompressResult, console: Console) -> None:
     """The report of `cake compress` (stderr): settings, KV memory, the file, the layer chart."""
     t = _grid()
     _row(t, "file", f"{r.path} · {human_bytes(r.file_bytes)} ({r.file_ratio:.3f}× the kept KV bytes)")
     _settings_rows(t, r, r.method)
     _row(t, "scoring", SCORING_TEXT.get(r.scoring, r.scoring))
+    _row(t, "bytes", _bytes_text(r))
     _kv_row(t, r, None)
     _row(t, "time", _time_text(r))
     console.print(Panel(t, title="CAKE compress", title_align="left", border_style="cyan"))
     if r.budget is not None and r.evicted:  # a prefix kept whole has nothing per layer to show yet
-        console.print(layer_table(r.layers, console.width))
+        console.print(layer_table(r.layers, console.width, _rows(r.scoring)))

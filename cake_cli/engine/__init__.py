@@ -7,7 +7,9 @@ Public API (loaded lazily, so `import cake_cli.engine.methods` stays free of tor
   `FAMILIES`, `check_model`, `attention_layout` (local sliding layers, limits), `UnsupportedModelError`
 - running: `prefill`, `decode`, `generate` -> `GenerationResult`; `record` / `replay` for grids
 - a compressed prefix continued many times: `extend`, `continue_and_decode`; the cache as flat
-  tensors for a file: `cache_tensors`, `cache_from_tensors` (module `continuation`)
+  tensors for a file: `cache_tensors`, `cache_from_tensors` (16, 8 or 4 bits, `KV_BITS`), and
+  `requantized` (module `continuation`); question-agnostic compression by reconstruction:
+  `compress_by_reconstruction`, `reconstruction_scores` (module `reconstruct`)
 - registries: `METHODS` (with `resolve`, `with_method`), `ALLOCATIONS`, `INDICATORS`
 - the cache: `CakeCache`, `NonFiniteError`
 """
@@ -36,6 +38,10 @@ _EXPORTS = {
     "continue_and_decode": "continuation",
     "cache_tensors": "continuation",
     "cache_from_tensors": "continuation",
+    "requantized": "continuation",
+    "KV_BITS": "config",
+    "compress_by_reconstruction": "reconstruct",
+    "reconstruction_scores": "reconstruct",
     "record": "replay",
     "replay": "replay",
     "METHODS": "methods",

@@ -31,6 +31,14 @@ from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import GenerationResult, Prefilled, decode, forward_step, prefill, sync_device
 from cake_cli.engine.indicators import accumulates
+from cake_cli.engine.kvquant import (
+    DEFAULT_GROUP,
+    PARTS,
+    DamagedTensorError,
+    check_bits,
+    dequantize_entry,
+    quantize_entry,
+)
 
 
 class DeferredCascade(CascadePrefill):
@@ -269,39 +277,89 @@ def extend_and_evict(model, state: Prefilled, input_ids: torch.Tensor, config: C
     return Prefilled(cache, cascade, logits, seconds, cache.lengths(), cache.kv_bytes(), cache.peak_bytes)
 
 
-def cache_tensors(cache: CakeCache) -> dict[str, torch.Tensor]:
-    """The cache as flat tensors: per layer i, `keys.i` and `values.i` [H_kv, len_i, d] (rotated
-    keys, model dtype) and `positions.i` [H_kv, len_i] true positions (int16 below 32768 positions,
-    else int32: a position costs 1-2% of a token's keys and values), and for a layer accumulating
-    H2O's attention `scores.i` [H_kv, len_i] float32, all contiguous on CPU."""
+def cache_tensors(
+    cache: CakeCache, bits: int = 16, group: int = DEFAULT_GROUP, recent: int = 0
+) -> dict[str, torch.Tensor]:
+    """The cache as flat tensors, all contiguous on CPU; per layer i, `positions.i` [H_kv, len_i] true
+    positions (int16 below 32768 positions, else int32: a position costs 1-2% of a token's keys and
+    values) and
+
+    - bits 16: `keys.i` and `values.i` [H_kv, len_i, d] (rotated keys, model dtype);
+    - bits 8 or 4: `keys.i.<part>` and `values.i.<part>` for the parts of `kvquant.quantize_entry`
+      (KIVI's grouped affine codes, float16 scales and zeros, the newest `recent` tokens in the model's
+      dtype), keys per channel, values per token, `group` entries per group;
+
+    and for a layer accumulating H2O's attention `scores.i` [H_kv, len_i] float32 (never quantized).
+
+    Raises:
+        ValueError: bits not in `kvquant.KV_BITS`, and those of `kvquant.quantize`.
+    """
+    check_bits(bits)
     out = {}
     index_type = torch.int16 if cache.layers[0].seen <= torch.iinfo(torch.int16).max else torch.int32
     for i, layer in enumerate(cache.layers):
-        out[f"keys.{i}"] = layer.keys[0].contiguous().cpu()
-        out[f"values.{i}"] = layer.values[0].contiguous().cpu()
+        for kind, x in (("keys", layer.keys[0]), ("values", layer.values[0])):
+            x = x.contiguous().cpu()  # [H_kv, len_i, d]
+            if bits == 16:
+                out[f"{kind}.{i}"] = x
+            else:
+                for part, t in quantize_entry(x, kind, bits, group, recent).items():
+                    out[f"{kind}.{i}.{part}"] = t
         out[f"positions.{i}"] = layer.positions.to(index_type).contiguous().cpu()
         if layer.scores is not None:
             out[f"scores.{i}"] = layer.scores.contiguous().cpu()
     return out
 
 
-def cache_from_tensors(
-    tensors: dict[str, torch.Tensor], num_layers: int, seen: int, device, windows: list[int | None] | None = None
-) -> CakeCache:
-    """Rebuild a cache from `cache_tensors` output: the next token goes to position `seen`;
-    `windows` as for `CakeCache` (local layers keep their native sliding window); a layer with
-    `scores.i` accumulates H2O's attention from them on.
+def _layer_kv(tensors: dict[str, torch.Tensor], i: int, bits: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer i's [H_kv, len, d] keys and values from `cache_tensors` output (dequantized when bits < 16).
 
     Raises:
-        ValueError: a tensor missing, shapes or dtypes that do not fit together, positions out of
-            [0, seen) or not increasing along each KV head.
+        ValueError: a tensor missing or damaged (`kvquant.dequantize_entry`).
     """
+    try:
+        if bits == 16:
+            return tensors[f"keys.{i}"], tensors[f"values.{i}"]
+        entries = [{p: tensors[f"{kind}.{i}.{p}"] for p in PARTS} for kind in ("keys", "values")]
+    except KeyError as exc:
+        raise ValueError(f"tensor {exc.args[0]} is missing") from None
+    try:
+        return tuple(
+            dequantize_entry(parts, kind, bits, group, parts["recent"].shape[-1])
+            for kind, parts in zip(("keys", "values"), entries)
+        )
+    except DamagedTensorError as exc:
+        raise DamagedTensorError(f"layer {i}: {exc}") from None
+    except (ValueError, IndexError, RuntimeError) as exc:
+        raise ValueError(f"layer {i}: {exc}") from None
+
+
+def cache_from_tensors(
+    tensors: dict[str, torch.Tensor],
+    num_layers: int,
+    seen: int,
+    device,
+    windows: list[int | None] | None = None,
+    *,
+    bits: int = 16,
+    group: int = DEFAULT_GROUP,
+) -> CakeCache:
+    """Rebuild a cache from `cache_tensors` output (made with these `bits` and `group`; quantized tensors
+    are dequantized to the model's dtype): the next token goes to position `seen`; `windows` as for
+    `CakeCache` (local layers keep their native sliding window); a layer with `scores.i` accumulates
+    H2O's attention from them on.
+
+    Raises:
+        ValueError: a tensor missing, shapes or dtypes that do not fit together, damaged quantization
+            scales or zeros, positions out of [0, seen) or not increasing along each KV head.
+    """
+    check_bits(bits)
     cache = CakeCache(num_layers, windows=windows)
     for i, layer in enumerate(cache.layers):
-        try:
-            keys, values, positions = (tensors[f"{name}.{i}"] for name in ("keys", "values", "positions"))
-        except KeyError as exc:
-            raise ValueError(f"tensor {exc.args[0]} is missing") from None
+        if f"positions.{i}" not in tensors:
+            raise ValueError(f"tensor positions.{i} is missing")
+        keys, values = _layer_kv(tensors, i, bits, group)
+        positions = tensors[f"positions.{i}"]
         heads, length = positions.shape if positions.dim() == 2 else (-1, -1)
         if keys.dim() != 3 or keys.shape != values.shape or keys.shape[:2] != (heads, length) or length < 1:
             raise ValueError(
@@ -319,3 +377,21 @@ def cache_from_tensors(
                 raise ValueError(f"layer {i}: scores {tuple(scores.shape)} {scores.dtype} do not fit its positions")
             layer.accumulates, layer.scores = True, scores.to(device)
     return cache
+
+
+def requantized(state: Prefilled, bits: int, group: int = DEFAULT_GROUP, recent: int = 0) -> Prefilled:
+    """The state as a .cake file of `bits` would give it back: its cache quantized and dequantized in
+    process (`cache_tensors` then `cache_from_tensors`, no file); bits 16 returns `state` itself.
+
+    Raises:
+        ValueError: see `cache_tensors`.
+    """
+    if bits == 16:
+        return state
+    src = state.cache
+    cache = cache_from_tensors(
+        cache_tensors(src, bits, group, recent), len(src.layers), src.layers[0].seen,
+        src.layers[0].keys.device, src.windows, bits=bits, group=group,
+    )  # fmt: skip
+    cache.full_bytes = src.full_bytes
+    return replace(state, cache=cache, lengths=cache.lengths(), kv_bytes=cache.kv_bytes())

@@ -58,7 +58,7 @@ class CacheInfo:
     kv_bytes: int  # the compressed prefix's keys and values
     prefix_tokens: int  # the shared prefix (chat opening + document block)
     continuation_tokens: int  # this task's own tokens, run after the prefix
-    scoring: str  # the .cake's scoring ("question": kept whole, evicted per question; "end" / "instruction")
+    scoring: str  # the .cake's ("question": kept whole, evicted per question; "end", "instruction", "reconstruct")
     stored_prefill_seconds: float  # what compressing the prefix cost (when and where it was made)
     read_seconds: float  # reading and checking the file now (0 when compressed in this run)
     continuation_seconds: float  # the forward over the continuation tokens
@@ -249,16 +249,25 @@ class CompressResult(PrefillSummary):
     path: str
     file_bytes: int  # the .cake file on disk (tensors + metadata)
     method: str
-    scoring: str  # "question" (kept whole, evicted per question), "end" / "instruction"; "none" for --method full
+    scoring: str  # "question" (kept whole, evicted per question), "end" / "instruction" / "reconstruct"; "none": full
+    kv_bits: int = 16  # bits per saved key/value (16: the model's dtype; 8 / 4: grouped affine, `engine.kvquant`)
+    kv_group: int | None = None  # entries per quantization group (None at 16 bits)
+    kv_bytes_file: int = 0  # the saved keys and values (codes, scales, zeros, exact recent tokens), measured
     warnings: tuple[str, ...] = ()
 
     @property
     def file_ratio(self) -> float:
-        """File bytes / kept KV bytes (the target is at most 1.05 plus the metadata)."""
+        """File bytes / kept KV bytes in memory (at 16 bits the target is at most 1.05 plus the metadata)."""
         return self.file_bytes / self.kv_bytes_kept if self.kv_bytes_kept else 0.0
 
+    @property
+    def file_fraction(self) -> float:
+        """File bytes / the full cache's KV bytes (what a file of the uncompressed prefix would hold)."""
+        return self.file_bytes / self.kv_bytes_full if self.kv_bytes_full else 0.0
+
     def to_dict(self) -> dict:
-        """JSON-ready dict: every field plus file_ratio, saved_fraction and the cake-cli version."""
+        """JSON-ready dict: every field plus file_ratio, file_fraction, saved_fraction and the cake-cli version."""
         data = super().to_dict()
         data["file_ratio"] = self.file_ratio
+        data["file_fraction"] = self.file_fraction
         return data

@@ -13,10 +13,12 @@ from cake_cli.cli.app import app, handled
 from cake_cli.cli.commands.tasks import checked_plan, resolve_document, task_request
 from cake_cli.cli.options import PrefillOptions, TaskOptions, with_options
 from cake_cli.cli.progress import StderrProgress
+from cake_cli.engine.config import KV_BITS
 from cake_cli.errors import UsageError
 from cake_cli.files import check_writable
 from cake_cli.tasks.request import COMPRESS
 from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING, SCORINGS, SUFFIX, is_cache_path
+from cake_cli.tasks.saved.request import check_scoring_method
 
 CakeOutput = Annotated[
     str,
@@ -35,9 +37,29 @@ Scoring = Annotated[
         metavar="|".join(SCORINGS).upper(),
         help="When the document is scored: question = keep the prefix whole and let each question evict it "
         "(question-aware quality, full-size file); end / instruction = evict now, question-agnostic (B·L tokens "
-        "on disk), with the window holding the document's last w tokens / a question-less instruction.",
+        "on disk), with the window holding the document's last w tokens / a question-less instruction; "
+        "reconstruct = evict now by the attention of the model repeating the document (KVzip; about twice a "
+        "prefill's time; B·L tokens on disk; --method cake or --allocation uniform).",
     ),
 ]
+
+KvBits = Annotated[
+    int,
+    typer.Option(
+        "--kv-bits",
+        metavar="|".join(map(str, KV_BITS)),
+        help="Bits per key/value in the .cake file: 16 = the model's dtype; 8 or 4 = grouped affine quantization "
+        "(KIVI: keys per channel, values per token, groups of 32, the observation window kept exact). The file "
+        "shrinks; a loaded file is dequantized, so memory while answering is the 16-bit size (quantized "
+        "decoding in memory is a later step).",
+    ),
+]
+
+
+def check_kv_bits(bits: int) -> None:
+    """Raises UsageError for a --kv-bits other than 16, 8 or 4."""
+    if bits not in KV_BITS:
+        raise UsageError(f"--kv-bits {bits} is not supported", f"choose one of {', '.join(map(str, KV_BITS))}")
 
 
 def check_scoring(scoring: str) -> None:
@@ -52,6 +74,7 @@ def compress(
     document: o.SourceDocument = None,
     output: CakeOutput = "",
     scoring: Scoring = DEFAULT_SCORING,
+    kv_bits: KvBits = 16,
     *,
     opts: PrefillOptions,
 ) -> None:
@@ -64,15 +87,17 @@ def compress(
         if not output.lower().endswith(SUFFIX):
             raise UsageError(f"--output {output} does not end in {SUFFIX}", f"name it e.g. report{SUFFIX}")
         check_scoring(scoring)
+        check_kv_bits(kv_bits)
         source = resolve_document(document)
         if is_cache_path(source):
             raise UsageError(f"{source} is already a compressed cache", "give the document it was made from")
         target = check_writable(output, "--output")
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(task_request(COMPRESS, source, {}, opts), progress)
+        check_scoring_method(checked, scoring)
         from cake_cli.cli.runners import compress as sessions  # noqa: PLC0415 - torch loads after the checks
 
-        sessions.compress_and_save(checked, opts, progress, target, scoring)
+        sessions.compress_and_save(checked, opts, progress, target, scoring, kv_bits)
 
 
 @app.command()
@@ -89,6 +114,7 @@ def chat(document: o.RequiredDocument, scoring: Scoring = DEFAULT_SCORING, *, op
         output = check_writable(opts.output, "--output") if opts.output else None
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(task_request("qa", document, {"question": "?"}, opts), progress)
+        check_scoring_method(checked, scoring)
         from cake_cli.cli.runners import compress as sessions  # noqa: PLC0415 - torch loads after the checks
 
         sessions.chat(checked, opts, progress, output, scoring)

@@ -41,12 +41,15 @@ def _callbacks(opts: PrefillOptions, progress: StderrProgress, stream: AnswerStr
     )
 
 
-def compress_and_save(plan: Plan, opts: PrefillOptions, progress: StderrProgress, output: Path, scoring: str) -> None:
-    """`cake compress`: prefill + evict the document's prefix once, write it to `output` (.cake)."""
+def compress_and_save(
+    plan: Plan, opts: PrefillOptions, progress: StderrProgress, output: Path, scoring: str, bits: int = 16
+) -> None:
+    """`cake compress`: prefill + evict the document's prefix once, write it to `output` (.cake) with its
+    keys and values at `bits`."""
     cb = _callbacks(opts, progress, None)
     ready = ready_model(plan.request, cb)
     compressed = compress(plan, cb, ready, scoring)
-    size = save(compressed, output)
+    size = save(compressed, output, bits)
     result = compress_result(compressed, output, size, ready.loaded.load_seconds)
     if opts.json_out:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")

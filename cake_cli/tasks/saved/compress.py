@@ -20,6 +20,12 @@ observation window. `fileformat.SCORINGS`:
   the chat template's end of turn (its last w tokens at most), is appended to the prefix for scoring
   only: it fills the observation window, then its g tokens are dropped from the cache. The budget is
   raised by g while compressing, so the document keeps B·L tokens as with ``end``.
+- ``reconstruct`` (question-agnostic, KVzip's proxy): the prefix is prefilled whole, then the model is
+  asked to repeat the document (`REPEAT_INSTRUCTION` as the user's request, the chat template's turn
+  end and assistant header) and the document's tokens follow, teacher-forced, in chunks over the
+  prefix (`engine.reconstruct`); each cached pair is scored by the most attention it gets from that
+  reconstruction, CAKE's budgets come from the same attention, and the prefix is evicted to B·L tokens
+  once. The file holds only the budget.
 
 On the retrieval benchmark (`cake_cli.bench.reuse`, benchmarks/cache.md) both agnostic scorings
 lose most of the question-aware score, even at twice the budget; hence the default.
@@ -40,23 +46,52 @@ import torch
 from cake_cli.engine.continuation import compress as compress_prefix
 from cake_cli.engine.continuation import continue_prefix
 from cake_cli.engine.generate import decode
+from cake_cli.engine.reconstruct import compress_by_reconstruction
 from cake_cli.errors import CakeError
 from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.results import CacheInfo, RunResult
 from cake_cli.tasks.runner import Prepared, ReadyModel, finish, finite, prompt_limit, ready_model
 from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING
 from cake_cli.tasks.saved.store import Compressed, build_meta, load, saved_cascade
-from cake_cli.tasks.templates import build_prefix, build_prompt, render_split
+from cake_cli.tasks.templates import DOCUMENT_BLOCK, build_prefix, build_prompt, render_split
 from cake_cli.tasks.threads import choose, decode_following_load
 from cake_cli.tasks.threads import using as threads_using
 
 ANSWER_RESERVE = 512  # positions a compressed prefix leaves free for a task's continuation and answer
+REPEAT_INSTRUCTION = "Repeat the document above exactly, word for word."  # the `reconstruct` scoring's request
 
 
 def probe_ids(plan: Plan, tokenizer, text: str, window: int) -> list[int]:
     """The `instruction` scoring probe: the template's suffix with empty fields, its last `window` tokens."""
     suffix = render_split(tokenizer, plan.template, text, **dict.fromkeys(plan.template.fields, ""))[1]
     return suffix[-window:]
+
+
+def reconstruction_ids(plan: Plan, tokenizer, prefix) -> tuple[list[int], list[int]]:
+    """The `reconstruct` scoring's (repeat prompt ids, target ids): the prefix's user turn finished with
+    `REPEAT_INSTRUCTION` (then the chat template's end of turn and assistant header), and the document as
+    used in the prefix, tokenized on its own (the answer the model is teacher-forced to give).
+
+    Raises:
+        CakeError: the repeat prompt does not start with the prefix (a chat template that rewrites it).
+    """
+    template = replace(plan.template, user=DOCUMENT_BLOCK + REPEAT_INSTRUCTION, fields=())
+    head, repeat = render_split(tokenizer, template, prefix.document_text)
+    if head != list(prefix.input_ids) or not repeat:
+        raise CakeError("the chat template rewrites the document prefix: the reconstruction prompt cannot follow it")
+    return repeat, list(tokenizer(prefix.document_text, add_special_tokens=False)["input_ids"])
+
+
+def _reconstructed(plan: Plan, cb: Callbacks, loaded, prefix, ids: torch.Tensor, config):
+    """(the prefix compressed by reconstruction scoring, the repeat prompt's ids)."""
+    repeat, target = reconstruction_ids(plan, loaded.tokenizer, prefix)
+
+    def on_chunk(index: int, count: int) -> None:
+        cb.status(f"reconstruction: chunk {index + 1} of {count} ({len(target)} document tokens repeated)")
+
+    as_tensor = [torch.tensor([x], device=loaded.device) for x in (repeat, target)]  # [1, p], [1, t]
+    state = compress_by_reconstruction(loaded.model, ids, *as_tensor, config, on_layer=cb.on_layer, on_chunk=on_chunk)
+    return state, repeat
 
 
 def compress(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None, scoring: str = DEFAULT_SCORING) -> Compressed:
@@ -94,10 +129,16 @@ def compress(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None, scoring
     ids = torch.tensor([list(prefix.input_ids)], device=loaded.device)  # [1, n]
     probe_t = torch.tensor([probe], device=loaded.device) if probe else None  # [1, g]
     how = "kept whole: each question evicts it when asked" if whole else f"scored with the {scoring}"
+    how = "scored by a reconstruction of the document" if scoring == "reconstruct" and config else how
     cb.status(f"compress: {n} tokens through {loaded.model.config.num_hidden_layers} layers, {how}")
     threads = choose(request.threads)
     with finite(loaded), threads_using(threads.prefill):
-        state = compress_prefix(loaded.model, ids, None if whole else config, probe_ids=probe_t, on_layer=cb.on_layer)
+        if scoring == "reconstruct" and config is not None:
+            state, probe = _reconstructed(plan, cb, loaded, prefix, ids, config)
+        else:
+            state = compress_prefix(
+                loaded.model, ids, None if whole else config, probe_ids=probe_t, on_layer=cb.on_layer
+            )
     meta = build_meta(plan, ready, state, prefix, scoring, probe)
     state = replace(state, cascade=saved_cascade(meta))
     return Compressed(ready, meta, state, None, None, 0.0, warnings, threads)

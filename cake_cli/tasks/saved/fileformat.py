@@ -1,15 +1,27 @@
 """The .cake file: a compressed document prefix saved by `cake compress`, read without torch.
 
-Format (version `FORMAT_VERSION`): one safetensors file. Tensors, per layer i: ``keys.i`` and
-``values.i`` [H_kv, len_i, d] (rotated keys and values in the model's dtype), ``positions.i``
-[H_kv, len_i] int16 (int32 past 32767 positions): each kept token's true position; for H2O also
-``scores.i`` [H_kv, len_i] float32, each token's accumulated attention (`engine.cache`). The
-safetensors header's ``__metadata__`` holds one key, ``cake_cli``: a JSON object with every
-`CacheMeta` field (format and cake-cli versions, model and its fingerprint, dtype, method,
-budget, window, taus, per-layer budgets and statistics, the prefix token ids, the document and
-where it came from, prefill seconds and KV bytes) and the sha256 of the tensor data. safetensors
-holds raw numbers only: reading a .cake runs no code (no pickle). Files are written atomically
-(`cake_cli.files`).
+Format (version `FORMAT_VERSION` = 2): one safetensors file. Tensors, per layer i: ``positions.i``
+[H_kv, len_i] int16 (int32 past 32767 positions): each kept token's true position; and its keys and
+values, at the file's ``kv_bits``:
+
+- 16: ``keys.i`` and ``values.i`` [H_kv, len_i, d] (rotated keys and values in the model's dtype);
+- 8 or 4 (`engine.kvquant`, KIVI's grouped affine layout): ``keys.i.codes`` / ``values.i.codes`` uint8
+  (two 4-bit codes a byte), ``.scale`` and ``.zero`` float16 per group of ``kv_group`` entries (keys:
+  per channel, groups along the tokens; values: per token, groups along the channels), ``.recent``
+  the newest ``kv_recent`` tokens in the model's dtype (the observation window: never quantized).
+  A loaded file is dequantized to the model's dtype.
+
+For H2O also ``scores.i`` [H_kv, len_i] float32, each token's accumulated attention (`engine.cache`).
+
+The safetensors header's ``__metadata__`` holds one key, ``cake_cli``: a JSON object with every
+`CacheMeta` field (format and cake-cli versions, model and its fingerprint, dtype, method, the
+scoring, the budget, window, taus, per-layer budgets and statistics, the KV bits, group and recent
+tokens, the prefix token ids, the document and where it came from, prefill seconds and KV bytes) and
+the sha256 of the tensor data. safetensors holds raw numbers only: reading a .cake runs no code (no
+pickle). Files are written atomically (`cake_cli.files`).
+
+Version 1 files (no ``kv_*`` fields: 16-bit tensors, as version 2 at 16 bits) still load; a version
+this build does not know is refused in one line with the command that remakes the file (`check_version`).
 
 Everything here is light (json, hashlib): the command line checks a .cake (truncated, corrupt,
 another format version, options that contradict it) before torch loads.
@@ -23,13 +35,15 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from cake_cli.engine.config import KV_BITS
 from cake_cli.errors import CakeError
 
 FORMAT = "cake-cli-cache"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: no kv_* fields (16-bit keys and values, the same tensors)
 SUFFIX = ".cake"
 META_KEY = "cake_cli"
-SCORINGS = ("question", "end", "instruction")  # what fills the observation window (`tasks.saved.compress`)
+SCORINGS = ("question", "end", "instruction", "reconstruct")  # how the document is scored (`tasks.saved.compress`)
 DEFAULT_SCORING = "question"  # the only one that keeps question-aware quality (benchmarks/cache.md)
 
 
@@ -69,8 +83,8 @@ class CacheMeta:
     gamma: float | None
     pool_kind: str | None
     pool_kernel: int | None
-    scoring: str  # "question" (kept whole, scored when asked), "end" or "instruction"; "none" for --method full
-    probe_ids: list[int]  # the instruction's tokens scored with the document, then dropped
+    scoring: str  # "question" (kept whole, scored when asked), "end", "instruction", "reconstruct"; "none": full
+    probe_ids: list[int]  # the instruction's (or the reconstruction's repeat prompt's) tokens, scored then dropped
     evicted: bool
     layers: list[LayerMeta]
     prefix_ids: list[int]  # the shared prompt prefix (chat opening + document block)
@@ -87,6 +101,11 @@ class CacheMeta:
     kv_bytes_full: int  # the prefix's full cache
     kv_peak: int  # largest total during that prefill
     data_sha256: str = ""  # of the safetensors data section (filled in when saving)
+    # format 2 (`V2_DEFAULTS`: what a version 1 file means):
+    kv_bits: int = 16  # bits per saved key/value: 16 = the model's dtype, 8 / 4 = grouped affine (`engine.kvquant`)
+    kv_group: int | None = None  # entries per quantization group (None at 16 bits)
+    kv_recent: int = 0  # newest tokens of each layer kept in the model's dtype when quantized
+    kv_bytes_file: int | None = None  # bytes of the saved keys and values (codes, scales, zeros, recent), measured
 
     @property
     def whole(self) -> bool:
@@ -110,9 +129,10 @@ class CacheMeta:
         Raises:
             KeyError / TypeError: a field missing or of the wrong shape.
         """
-        values = {f.name: data[f.name] for f in fields(cls) if f.name != "data_sha256"}
+        optional = {"data_sha256", *V2_DEFAULTS}
+        values = {f.name: data[f.name] for f in fields(cls) if f.name not in optional}
         values["layers"] = [LayerMeta(**layer) for layer in values["layers"]]
-        return cls(**values, data_sha256=str(data.get("data_sha256", "")))
+        return cls(**values, data_sha256=str(data.get("data_sha256", "")), **v2_fields(data))
 
 
 @dataclass(frozen=True)
@@ -189,16 +209,12 @@ def read_saved(path: str | Path) -> SavedCache:
         data = None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CakeError(f"{path} is a safetensors file but not a saved cake-cli cache", _again(None, path))
-    if data.get("format_version") != FORMAT_VERSION:
-        raise CakeError(
-            f"{path} has cache format version {data.get('format_version')!r} (made by cake-cli "
-            f"{data.get('cake_cli_version', '?')}); this cake-cli reads version {FORMAT_VERSION}",
-            _again(data.get("source"), path),
-        )
+    check_version(data, path)
     try:
         meta = CacheMeta.from_json(data)
     except (KeyError, TypeError) as exc:
         raise CakeError(f"{path} is corrupt (metadata field {exc} missing or malformed)", _again(None, path)) from None
+    check_quantization(meta, path)
     if hashlib.sha256(blob[start:]).hexdigest() != meta.data_sha256:
         raise CakeError(f"{path} is corrupt: its tensors do not match their checksum", _again(meta.source, path))
     return SavedCache(path, meta, len(blob), time.perf_counter() - start_time)
@@ -207,3 +223,48 @@ def read_saved(path: str | Path) -> SavedCache:
 def data_sha256(blob: bytes) -> str:
     """sha256 of a safetensors file's data section (what `read_saved` checks)."""
     return hashlib.sha256(blob[split_file(blob, Path("<new .cake>"))[1] :]).hexdigest()
+
+
+# ---- format version 2: versions, KV bits ------------------------------------------------------------
+
+V2_DEFAULTS = {"kv_bits": 16, "kv_group": None, "kv_recent": 0, "kv_bytes_file": None}  # a version 1 file
+
+
+def v2_fields(data: dict) -> dict:
+    """The format-2 fields of a header's JSON object, `V2_DEFAULTS` for those a version 1 file lacks."""
+    return {name: data.get(name, default) for name, default in V2_DEFAULTS.items()}
+
+
+def check_version(data: dict, path: Path) -> None:
+    """Refuse a format version this build cannot read (one line, with the command that remakes the file).
+
+    Raises:
+        CakeError (exit 1): a newer version (made by a newer cake-cli) or an unknown one.
+    """
+    version = data.get("format_version")
+    if version in READABLE_VERSIONS:
+        return
+    made = f"made by cake-cli {data.get('cake_cli_version', '?')}"
+    newer = isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION
+    what = "newer than this cake-cli reads" if newer else "not one this cake-cli reads"
+    raise CakeError(
+        f"{path} has cache format version {version!r} ({made}), {what} (versions "
+        f"{', '.join(map(str, READABLE_VERSIONS))})",
+        ("upgrade cake-cli, or " if newer else "") + _again(data.get("source"), path),
+    )
+
+
+def check_quantization(meta: CacheMeta, path: Path) -> None:
+    """Refuse KV bits, group or recent-token settings no cake-cli writes (a damaged or hand-made header).
+
+    Raises:
+        CakeError (exit 1): naming the setting, with the command that remakes the file.
+    """
+    bits, group, recent = meta.kv_bits, meta.kv_group, meta.kv_recent
+    bad_group = bits != 16 and (not isinstance(group, int) or isinstance(group, bool) or group < 1)
+    if bits not in KV_BITS or bad_group or not isinstance(recent, int) or recent < 0:
+        raise CakeError(
+            f"{path} is corrupt: its KV quantization settings (bits {bits!r}, group {group!r}, recent {recent!r}) "
+            f"are not ones cake-cli writes (bits {', '.join(map(str, KV_BITS))})",
+            _again(meta.source, path),
+        )

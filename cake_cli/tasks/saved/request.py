@@ -19,7 +19,7 @@ from cake_cli.errors import CakeError, UsageError
 from cake_cli.models.dtypes import check_dtype
 from cake_cli.models.profiles import check_model_spec, model_spec
 from cake_cli.tasks.inputs.documents import Document
-from cake_cli.tasks.request import TaskRequest
+from cake_cli.tasks.request import Plan, TaskRequest
 from cake_cli.tasks.saved.fileformat import CacheMeta, SavedCache
 from cake_cli.tasks.templates import load_template
 
@@ -135,3 +135,25 @@ def saved_config(meta: CacheMeta, decode_policy: str) -> CakeConfig:
 def saved_document(meta: CacheMeta) -> Document:
     """The document a cache was compressed from, as the task sees it (text for needle locations)."""
     return Document(text=meta.text, source=meta.source, kind=meta.kind, page_offsets=tuple(meta.page_offsets))
+
+
+def check_scoring_method(plan: Plan, scoring: str) -> None:
+    """Refuse a --scoring that cannot go with the plan's method (a document compressed now, not a .cake).
+
+    Raises:
+        UsageError: `reconstruct` with --method full (nothing to evict), or with an indicator other than
+            CAKE's (the reconstruction's attention ranks the tokens: `engine.reconstruct`).
+    """
+    if scoring != "reconstruct" or plan.saved is not None:
+        return
+    if not plan.evicts:
+        raise UsageError(
+            "--scoring reconstruct scores the document to evict it, and --method full evicts nothing",
+            "drop --method full, or keep the whole prefix with --scoring question",
+        )
+    if plan.config.indicator != "cake":
+        raise UsageError(
+            "--scoring reconstruct ranks tokens by the attention a reconstruction of the document gives them; "
+            f"it takes no {plan.config.indicator} indicator",
+            "use --method cake (CAKE budgets) or --allocation uniform (equal budgets)",
+        )

@@ -19,10 +19,12 @@ from safetensors.torch import save as save_tensors
 
 from cake_cli import __version__
 from cake_cli.engine.cascade import LayerStats
+from cake_cli.engine.config import DEFAULT_KV_GROUP, KV_BITS
 from cake_cli.engine.continuation import SavedCascade, cache_from_tensors, cache_tensors
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled
 from cake_cli.engine.indicators import accumulates
+from cake_cli.engine.kvquant import DamagedTensorError
 from cake_cli.errors import CakeError
 from cake_cli.files import write_atomic
 from cake_cli.models.fingerprint import fingerprint
@@ -32,6 +34,8 @@ from cake_cli.tasks.results import CompressResult, human_bytes, summary_fields
 from cake_cli.tasks.runner import ReadyModel, ready_model
 from cake_cli.tasks.saved.fileformat import FORMAT, FORMAT_VERSION, META_KEY, CacheMeta, LayerMeta, data_sha256
 from cake_cli.tasks.threads import Threads, choose
+
+DEFAULT_RECENT = 32  # tokens kept in the model's dtype when a --method full prefix (no window) is quantized
 
 
 @dataclass
@@ -119,19 +123,41 @@ def build_meta(plan: Plan, ready: ReadyModel, state: Prefilled, prefix, scoring:
     )
 
 
-def save(compressed: Compressed, path: str | Path) -> int:
-    """Write the compressed prefix to a .cake file atomically (`tasks.saved.fileformat` format); its size in bytes.
+def save(compressed: Compressed, path: str | Path, bits: int = 16) -> int:
+    """Write the compressed prefix to a .cake file atomically (`tasks.saved.fileformat` format), its keys
+    and values at `bits` (`quantized_meta`); its size in bytes.
 
     Raises:
-        CakeError: the file cannot be written (the old one, if any, is untouched).
+        CakeError: the file cannot be written (the old one, if any, is untouched), or keys/values that
+            cannot be quantized (beyond float16's range).
     """
-    tensors = cache_tensors(compressed.state.cache)
+    meta = quantized_meta(compressed.meta, bits)
+    try:
+        tensors = cache_tensors(compressed.state.cache, bits, meta.kv_group or DEFAULT_KV_GROUP, meta.kv_recent)
+    except ValueError as exc:
+        raise CakeError(f"cannot save the cache at {bits} bits ({exc})", "save it at --kv-bits 16") from None
+    kv = sum(t.numel() * t.element_size() for name, t in tensors.items() if not name.startswith("positions."))
+    compressed.meta = replace(meta, kv_bytes_file=kv)
     blob = save_tensors(tensors, metadata={META_KEY: compressed.meta.to_json()})
     meta = replace(compressed.meta, data_sha256=data_sha256(blob))
     blob = save_tensors(tensors, metadata={META_KEY: meta.to_json()})  # same data section, checksum in the header
     compressed.meta = meta
     write_atomic(path, blob, "the .cake file")
     return len(blob)
+
+
+def quantized_meta(meta: CacheMeta, bits: int) -> CacheMeta:
+    """The metadata of a file saved at `bits`: 16 (nothing quantized), or 8 / 4 with the default group and
+    the observation window's w tokens (32 for --method full) kept in the model's dtype (`engine.kvquant`).
+
+    Raises:
+        CakeError: bits not in `engine.config.KV_BITS`.
+    """
+    if bits not in KV_BITS:
+        raise CakeError(f"--kv-bits {bits} is not supported", f"choose one of {', '.join(map(str, KV_BITS))}")
+    if bits == 16:
+        return replace(meta, kv_bits=16, kv_group=None, kv_recent=0)
+    return replace(meta, kv_bits=bits, kv_group=DEFAULT_KV_GROUP, kv_recent=meta.window or DEFAULT_RECENT)
 
 
 def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compressed:
@@ -152,7 +178,13 @@ def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compress
     try:
         tensors = load_tensors(saved.path.read_bytes())
         windows = attention_layout(config).windows
-        cache = cache_from_tensors(tensors, config.num_hidden_layers, len(meta.prefix_ids), loaded.device, windows)
+        group = meta.kv_group or DEFAULT_KV_GROUP
+        n = len(meta.prefix_ids)
+        cache = cache_from_tensors(
+            tensors, config.num_hidden_layers, n, loaded.device, windows, bits=meta.kv_bits, group=group
+        )
+    except DamagedTensorError as exc:
+        raise CakeError(f"{saved.name} is damaged ({exc})", again.replace("with this model: ", "")) from None
     except (ValueError, OSError, RuntimeError) as exc:
         raise CakeError(f"{saved.name} does not fit {loaded.name} ({exc})", again) from None
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
@@ -197,4 +229,5 @@ def compress_result(compressed: Compressed, path: Path, file_bytes: int, load_se
     tokens = (len(meta.prefix_ids), meta.document_tokens, meta.original_document_tokens)
     fields = summary_fields(loaded, compressed.ready.backend, meta.dtype, tokens, settings, engine, threads)
     extra = dict(path=str(path), file_bytes=file_bytes, method=meta.method, scoring=meta.scoring)
+    extra.update(kv_bits=meta.kv_bits, kv_group=meta.kv_group, kv_bytes_file=meta.kv_bytes_file or meta.kv_bytes)
     return CompressResult(**fields, **extra, warnings=tuple(compressed.warnings))

@@ -1,0 +1,206 @@
+"""Grouped affine quantization of a layer's keys and values for the .cake file (KIVI, Liu et al. 2024,
+arXiv 2402.02750; docs/method.md §Quantized KV).
+
+KIVI's layout: **keys per channel** (a group is G consecutive tokens of one channel of one KV head:
+key outliers sit in fixed channels, so a channel's range is narrow across tokens) and **values per
+token** (a group is G consecutive channels of one token of one KV head). Each group stores a float16
+scale s and zero z; a value x becomes the code c = round((x - z) / s) in 0 .. 2^b - 1 (b = 8 or 4 bits;
+two 4-bit codes share a byte along the channels) and comes back as c · s + z. A group's last tokens
+or channels may be fewer than G (B_l + w need not be a multiple of G): the partial group is its own
+group. The newest r tokens of every layer (r = the observation window w: the tokens every question
+attends to first) stay in the model's dtype, as KIVI keeps its recent tokens in full precision.
+
+Error bound: z is rounded down and s up to float16 so that z <= min and z + (2^b - 1) · s >= max
+over the group; then every x of the group is within s / 2 of its dequantized value (plus float32
+rounding), which `tests/engine/test_kvquant.py` checks.
+
+Why not a maintained quantizer (checked with pip in this project's environment, Dec. 2025):
+optimum-quanto 0.2.7 groups a tensor flattened to 2-D along axis 0 or -1 only, with a group size that
+must divide the axis (our per-layer token counts are arbitrary), and keeps int4 codes in its own
+tensor subclasses with their own serialization; it also needs ninja to build its kernels. hqq 0.2.8
+optimizes scale and zero (half-quadratic solver), so the round-to-nearest bound above does not hold,
+and it pulls accelerate, einops, termcolor and tqdm. torchao 0.18 has block-wise affine primitives that
+would fit the shapes, but importing it took 10 s here and printed warnings about its compiled kernels
+on this torch, and we would still write the 4-bit packing and the float16 rounding that keeps the
+bound. The engine stays torch + transformers only; what is needed here is a few tensor operations.
+
+Only the file is quantized for now: a loaded cache is dequantized to the model's dtype (decoding from
+quantized tensors in memory is a later step).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cake_cli.engine.config import DEFAULT_KV_GROUP, KV_BITS
+
+DEFAULT_GROUP = DEFAULT_KV_GROUP  # entries per group (KIVI's size; the file records the one used)
+PARTS = ("codes", "scale", "zero", "recent")  # tensors of one quantized keys / values entry, `<name>.<part>`
+_F16_MAX = float(torch.finfo(torch.float16).max)
+
+
+class DamagedTensorError(ValueError):
+    """Quantized parts that cannot have been written by `quantize_entry` (non-finite or non-positive scales)."""
+
+
+def check_bits(bits: int) -> None:
+    """Raises ValueError unless `bits` is one of KV_BITS."""
+    if bits not in KV_BITS:
+        raise ValueError(f"KV bits must be one of {', '.join(map(str, KV_BITS))} (got {bits})")
+
+
+def _down(x: torch.Tensor) -> torch.Tensor:
+    return torch.nextafter(x, torch.full_like(x, float("-inf")))
+
+
+def _up(x: torch.Tensor) -> torch.Tensor:
+    return torch.nextafter(x, torch.full_like(x, float("inf")))
+
+
+def group_params(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float16 (scale, zero) of groups with minimum `lo` and maximum `hi` (float32, same shape), rounded so
+    that zero <= lo, zero + (2^bits - 1) · scale >= hi and scale > 0 (the error bound of the module docstring).
+
+    Raises:
+        ValueError: a value beyond float16's range (the scale and zero could not hold it).
+    """
+    if lo.numel() and max(float(lo.abs().max()), float(hi.abs().max())) > _F16_MAX / 2:
+        raise ValueError("keys or values beyond half of float16's range cannot be quantized")
+    levels = float(2**bits - 1)
+    zero = lo.to(torch.float16)
+    zero = torch.where(zero.float() > lo, _down(zero), zero)  # zero <= lo
+    scale = ((hi - zero.float()) / levels).to(torch.float16)
+    scale = torch.where(scale.float() * levels + zero.float() < hi, _up(scale), scale)  # top level >= hi
+    tiny = torch.tensor(torch.finfo(torch.float16).smallest_normal, dtype=torch.float16)
+    return torch.maximum(scale, tiny), zero
+
+
+def _grouped(x: torch.Tensor, dim: int, group: int) -> torch.Tensor:
+    """x with `dim` split into groups of `group`, the last one padded by repeating its last entry.
+
+    Args:
+        x: [..., m, ...] float32 (m = x.shape[dim] >= 1).
+
+    Returns:
+        [..., ceil(m / group), group, ...] (a view, or a padded copy).
+    """
+    m = x.shape[dim]
+    pad = -m % group
+    if pad:
+        last = x.narrow(dim, m - 1, 1)
+        x = torch.cat([x, last.expand(*[pad if i == dim % x.dim() else s for i, s in enumerate(last.shape)])], dim=dim)
+    shape = list(x.shape)
+    shape[dim : dim + 1] = [shape[dim] // group, group]
+    return x.reshape(shape)
+
+
+def quantize(x: torch.Tensor, bits: int, dim: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Grouped affine quantization along `dim` (module docstring).
+
+    Args:
+        x: [H_kv, m, d] keys (dim = -2: per channel) or values (dim = -1: per token), any float dtype, m >= 0.
+        bits: 8 or 4. group: G >= 1 entries per group along `dim`.
+
+    Returns:
+        (codes [H_kv, m, d] uint8 in 0 .. 2^bits - 1, unpacked; scale and zero float16, `x`'s shape with
+        `dim` replaced by ceil(x.shape[dim] / G)).
+
+    Raises:
+        ValueError: bits not 8 or 4, group < 1, non-finite values, values beyond float16's range.
+    """
+    if bits not in (8, 4) or group < 1:
+        raise ValueError(f"quantize takes 8 or 4 bits and a group >= 1 (got {bits} bits, group {group})")
+    x = x.float()
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("cannot quantize non-finite keys or values")
+    dim = dim % x.dim()
+    if x.numel() == 0:
+        shape = list(x.shape)
+        shape[dim] = -(-shape[dim] // group)
+        return x.to(torch.uint8), *(x.new_zeros(shape, dtype=torch.float16) for _ in range(2))
+    grouped = _grouped(x, dim, group)  # [..., groups, G, ...]
+    scale, zero = group_params(grouped.amin(dim=dim + 1), grouped.amax(dim=dim + 1), bits)  # [..., groups, ...]
+    codes = (grouped - zero.float().unsqueeze(dim + 1)) / scale.float().unsqueeze(dim + 1)
+    codes = codes.round_().clamp_(0, 2**bits - 1).to(torch.uint8)
+    codes = codes.flatten(dim, dim + 1).narrow(dim, 0, x.shape[dim])  # [H_kv, m, d]
+    return codes.contiguous(), scale, zero
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dim: int, group: int) -> torch.Tensor:
+    """codes · scale + zero in float32, each group's scale and zero repeated over its G entries along `dim`.
+
+    Args:
+        codes: [H_kv, m, d] uint8 (unpacked); scale, zero: as `quantize` returns them.
+
+    Returns:
+        [H_kv, m, d] float32.
+    """
+    dim = dim % codes.dim()
+    length = codes.shape[dim]
+    s = scale.float().repeat_interleave(group, dim=dim).narrow(dim, 0, length)
+    z = zero.float().repeat_interleave(group, dim=dim).narrow(dim, 0, length)
+    return codes.float() * s + z
+
+
+def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """[.., d] uint8 codes -> [.., d] (8 bits) or [.., ceil(d / 2)] (4 bits: entry 2i in the low nibble,
+    2i + 1 in the high one; an odd d is padded with a 0 code)."""
+    if bits == 8:
+        return codes
+    if codes.shape[-1] % 2:
+        codes = torch.cat([codes, codes.new_zeros(*codes.shape[:-1], 1)], dim=-1)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous()
+
+
+def unpack(packed: torch.Tensor, bits: int, width: int) -> torch.Tensor:
+    """Inverse of `pack`: [.., width] uint8 codes."""
+    if bits == 8:
+        return packed
+    out = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(-2)  # [.., 2 · ceil(width / 2)]
+    return out[..., :width]
+
+
+def quantize_entry(x: torch.Tensor, kind: str, bits: int, group: int, recent: int) -> dict[str, torch.Tensor]:
+    """One layer's keys or values as file tensors: the parts `PARTS` (module docstring).
+
+    Args:
+        x: [H_kv, len, d] keys (`kind` "keys": per channel) or values ("values": per token), model dtype.
+        recent: r, the newest tokens kept in the model's dtype (min(r, len)).
+
+    Returns:
+        {"codes": [H_kv, len - r, ceil(d · bits / 8)] uint8, "scale" and "zero" float16 (keys:
+        [H_kv, ceil((len - r) / G), d], values: [H_kv, len - r, ceil(d / G)]), "recent": [H_kv, r, d]}.
+    """
+    r = min(recent, x.shape[1])
+    old, new = x[:, : x.shape[1] - r], x[:, x.shape[1] - r :]
+    codes, scale, zero = quantize(old, bits, -2 if kind == "keys" else -1, group)
+    return {"codes": pack(codes, bits), "scale": scale, "zero": zero, "recent": new.contiguous()}
+
+
+def dequantize_entry(parts: dict[str, torch.Tensor], kind: str, bits: int, group: int, width: int) -> torch.Tensor:
+    """Inverse of `quantize_entry`: [H_kv, len, d] in the dtype of the `recent` part.
+
+    Raises:
+        ValueError: a part missing or of the wrong dtype or shape, non-finite or non-positive scales,
+            non-finite zeros (a damaged file), naming the part.
+    """
+    codes, scale, zero, recent = (parts[p] for p in PARTS)
+    heads, m = codes.shape[0], codes.shape[1] if codes.dim() == 3 else -1
+    dim = -2 if kind == "keys" else -1
+    groups = (heads, -(-m // group), width) if kind == "keys" else (heads, m, -(-width // group))
+    if codes.dtype != torch.uint8 or codes.shape[-1] != -(-width * bits // 8) or m < 0:
+        raise ValueError(f"{kind} codes of shape {tuple(codes.shape)} and dtype {codes.dtype} do not fit")
+    if recent.dim() != 3 or recent.shape[0] != heads or recent.shape[2] != width:
+        raise ValueError(f"{kind} recent tokens of shape {tuple(recent.shape)} do not fit")
+    for name, t in (("scale", scale), ("zero", zero)):
+        if t.dtype != torch.float16 or tuple(t.shape) != groups:
+            raise ValueError(f"{kind} {name}s of shape {tuple(t.shape)} ({t.dtype}) do not fit {groups}")
+    if not bool(torch.isfinite(scale).all() and (scale > 0).all() and torch.isfinite(zero).all()):
+        raise DamagedTensorError(f"{kind}: quantization scales or zeros are damaged (non-finite or not positive)")
+    old = dequantize(unpack(codes, bits, width), scale, zero, dim, group)  # [H_kv, len - r, d] float32
+    return torch.cat([old.to(recent.dtype), recent], dim=1)  # [H_kv, len, d]
+
+
+def quantized_bytes(parts: dict[str, torch.Tensor]) -> int:
+    """Bytes of one entry's file tensors."""
+    return sum(t.numel() * t.element_size() for t in parts.values())

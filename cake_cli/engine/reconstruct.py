@@ -1,0 +1,302 @@
+"""Question-agnostic scoring by context reconstruction (KVzip, Kim et al. 2025, arXiv 2505.23416 Sec. 3),
+with CAKE's layer preference and budgets computed from the same attention (docs/method.md §Reconstruction scoring).
+
+No question is known when a document is compressed for later questions, and an observation window at
+the document's end scores what the end attends to, not what later questions need. KVzip's proxy: ask
+the model to repeat the document, teacher-forced, over the cached prefix. A cached pair that the
+reconstruction attends to strongly is needed to reproduce the document, hence (empirically) to
+answer questions about it.
+
+Here, after the prefix of n tokens is prefilled and kept whole:
+
+1. **Reconstruction forward, in chunks.** The target (the document's tokens) is cut into chunks of
+   at most m tokens; chunk k runs as one forward of ``repeat prompt + chunk_k`` at the true positions
+   n .. n + p + |chunk_k| - 1 over the whole prefix cache. Its own keys are causal among themselves
+   and dropped after the forward (each layer is restored as soon as it has attended), so every chunk
+   sees the prefix and the repeat prompt only, and memory stays bounded: the cache, one layer's
+   chunk keys, and row blocks of probabilities of at most `MAX_BLOCK_ELEMENTS` floats; never n × n.
+2. **Rows.** R = the p repeat-prompt rows (counted once, from chunk 0: they are the same in every
+   chunk) and every target row. A_l ∈ R^{H × |R| × n} are their float32 softmax probabilities over
+   all keys the row attends to (the prefix and the chunk's own keys, the model's own attention,
+   `scaling` and soft-capping honoured), restricted to the n prefix columns and **not** renormalised.
+3. **Score (KVzip).** For KV head k and cached pair j: S[k, j] = max over the rows i in R and the g
+   query heads h of that KV head's group of A_l[h, i, j] (KVzip's max over queries and the GQA group).
+4. **Preference (CAKE, paper Eqs. 4-6)** over the reconstruction rows and the evictable columns
+   j < n - w (A_l^ev = A_l[:, :, :n - w]): H_l = -Σ_h Σ_{i∈R} Σ_j A^ev log A^ev (Eq. 4's row entropy),
+   V_l = Σ_h Σ_j Var_{i∈R} A^ev[h, i, j] (Eq. 5, unbiased over the |R| rows), P_l = H_l^(1/τ1) ·
+   V_l^(1/τ2) (Eq. 6). CAKE defines them over the w observation-window rows; here the rows are the
+   reconstruction's.
+5. **Budgets and eviction.** B_total = (B - w) · L_global is shared by the allocation (`cake`: Eq. 7
+   one-shot with caps and Prop. 1 rounding, every layer being scored before any is cut; `uniform`,
+   `pyramid`: their fixed shares), and each global layer keeps, per KV head, its top-B_l pairs by S
+   plus the prefix's last w tokens (the observation window of CAKE's budget semantics, kept so the
+   question that follows sees the end of the document block). Local (sliding) layers are not scored
+   and keep their native window. Nothing is evicted when n <= B.
+
+Where this follows KVzip and where it does not: the max over reconstruction queries and the GQA group
+and the teacher-forced repeat prompt are KVzip's; chunks each repeat the prompt and see only the prefix
+(their earlier chunks are not cached), which is our reading of its chunked scoring. KVzip shares one
+ranking over all layers and heads or a uniform split; we add CAKE's allocation over the reconstruction
+statistics, keep CAKE's window of w tokens, and do no pooling of S. Its head-level (context-
+independent) variant is not implemented.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from cake_cli.engine import allocation
+from cake_cli.engine.cache import CakeCache
+from cake_cli.engine.cascade import LayerStats
+from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.continuation import SavedCascade
+from cake_cli.engine.families import attention_layout
+from cake_cli.engine.generate import Prefilled, forward_step, prefill, sync_device
+from cake_cli.engine.indicators import top_k_sorted
+from cake_cli.engine.preference import log_preference
+
+DEFAULT_CHUNK = 2048  # target tokens per reconstruction forward
+MAX_BLOCK_ELEMENTS = 1 << 24  # float32 probabilities computed at once per layer (64 MiB)
+
+
+@dataclass
+class LayerAccumulator:
+    """Running reductions of one global layer over the reconstruction rows seen so far.
+
+    Attributes:
+        score: [H_kv, n] float32, S = max over rows and the GQA group of A (step 3).
+        entropy: Σ -A log A over heads, rows and evictable columns (float64 scalar, nats).
+        col_sum: [H, n - w] float64 Σ_i A^ev[h, i, j].
+        sq_sum: Σ_h Σ_i Σ_j A^ev² (float64 scalar).
+        rows: |R| so far.
+    """
+
+    score: torch.Tensor
+    entropy: float = 0.0
+    col_sum: torch.Tensor | None = None
+    sq_sum: float = 0.0
+    rows: int = 0
+
+    def stats(self, tau1: float, tau2: float) -> LayerStats | None:
+        """H_l, V_l and log P_l over the rows seen (module docstring, step 4); None without rows or columns."""
+        if self.rows == 0 or self.col_sum is None or self.col_sum.shape[-1] == 0:
+            return None
+        h = self.entropy
+        v = 0.0 if self.rows < 2 else (self.sq_sum - float((self.col_sum**2).sum()) / self.rows) / (self.rows - 1)
+        v = max(v, 0.0)  # Σ x² - (Σ x)² / R >= 0; rounding can leave -1e-17
+        return LayerStats(h, v, log_preference(h, v, tau1, tau2))
+
+
+class ReconstructionScorer:
+    """The `EvictionPolicy` of one reconstruction forward: after each global layer attends, fold its
+    rows' probabilities over the prefix into that layer's `LayerAccumulator`; after every layer
+    attends, restore it to the prefix (the chunk's keys are dropped).
+
+    Args:
+        prefix_len: n, tokens in the prefix (the cache's state before the chunk).
+        window: w, the prefix's last w tokens are not evictable (statistics skip their columns).
+        windows: [L] native sliding windows (None: a global layer, scored).
+    """
+
+    def __init__(self, prefix_len: int, window: int, windows):
+        self.n, self.w = prefix_len, window
+        self.windows = list(windows)
+        self.layers: dict[int, LayerAccumulator] = {}
+        self.skip = 0  # rows of this chunk left out of R (the repeat prompt after chunk 0)
+        self.saved: list[tuple] = []
+
+    def begin_chunk(self, cache: CakeCache, skip: int) -> None:
+        """Remember every layer's tensors before a chunk's forward (restored after each attends).
+
+        Raises:
+            ValueError: the cache is not a prefix of n tokens with no released slot.
+        """
+        if any(layer.free is not None or layer.seen != self.n for layer in cache.layers):
+            raise ValueError(f"reconstruction scoring needs the prefix cache of {self.n} tokens as prefilled")
+        self.skip = skip
+        self.saved = [(layer.keys, layer.values, layer.positions, layer.seen) for layer in cache.layers]
+
+    def after_attention(self, cache, layer_idx, query, key, scaling, probs=None, softcap=None) -> None:
+        """Score layer `layer_idx` (a global one) from its chunk rows, then restore it (`EvictionPolicy`).
+
+        Args:
+            query: [1, H, q, d] rotated queries of the chunk's q tokens.
+            key: [1, H_kv, n + q, d] the prefix's keys then the chunk's (a global layer).
+        """
+        if self.windows[layer_idx] is None:
+            if key.shape[2] != self.n + query.shape[2]:
+                raise ValueError(f"layer {layer_idx}: {key.shape[2]} keys for a {self.n}-token prefix")
+            self.fold(layer_idx, query[0, :, self.skip :, :], key[0], scaling, softcap)
+        layer = cache.layers[layer_idx]
+        layer.keys, layer.values, layer.positions, layer.seen = self.saved[layer_idx]
+
+    def fold(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, scaling: float, softcap) -> None:
+        """Fold rows into the layer's accumulator, in row blocks of at most `MAX_BLOCK_ELEMENTS` floats.
+
+        Args:
+            query: [H, r, d] the counted rows (the chunk's last r tokens).
+            key: [H_kv, n + q, d], the chunk's q >= r tokens last.
+        """
+        num_heads, r, _ = query.shape
+        num_kv, k_len = key.shape[0], key.shape[1]
+        acc = self.layers.get(layer_idx)
+        if acc is None:
+            acc = self.layers[layer_idx] = LayerAccumulator(key.new_zeros(num_kv, self.n, dtype=torch.float32))
+            acc.col_sum = torch.zeros(num_heads, max(self.n - self.w, 0), dtype=torch.float64, device=key.device)
+        block = max(1, MAX_BLOCK_ELEMENTS // (num_heads * k_len))
+        first = k_len - r  # key index of the first counted row's own token
+        for start in range(0, r, block):
+            a = chunk_probabilities(query[:, start : start + block], key, scaling, softcap, first + start)
+            self._reduce(acc, a[:, :, : self.n], num_kv)  # [H, b, n]: the prefix columns
+        acc.rows += r
+
+    def _reduce(self, acc: LayerAccumulator, a: torch.Tensor, num_kv: int) -> None:
+        """Fold [H, b, n] probabilities over the prefix: the max (step 3) and the sums of step 4."""
+        num_heads, b, n = a.shape
+        group_max = a.reshape(num_kv, (num_heads // num_kv) * b, n).amax(dim=1)  # [H_kv, n]: rows and group
+        torch.maximum(acc.score, group_max, out=acc.score)
+        ev = a[:, :, : n - self.w] if self.w else a  # [H, b, n - w]
+        acc.entropy += float(torch.special.entr(ev).sum(dtype=torch.float64))
+        acc.col_sum += ev.sum(dim=1, dtype=torch.float64)
+        acc.sq_sum += float((ev.double() ** 2).sum())
+
+
+def chunk_probabilities(
+    query: torch.Tensor, key: torch.Tensor, scaling: float, softcap: float | None, first: int
+) -> torch.Tensor:
+    """Float32 attention probabilities of b consecutive new tokens over the prefix and the new keys.
+
+    Args:
+        query: [H, b, d] rotated queries; row i is the token whose own key sits at index first + i.
+        key: [H_kv, k, d] rotated keys: cached ones (all visible) then the new ones (causal).
+        scaling: softmax scale; softcap: logit soft-capping c (c · tanh(x / c)) or None.
+        first: key index of row 0's own token (k - q for the first row of a q-token forward).
+
+    Returns:
+        [H, b, k] float32; query head h reads KV head h // g (repeat_kv), keys after a row's own are 0.
+    """
+    num_heads, b, dim = query.shape
+    num_kv, k_len, _ = key.shape
+    group = num_heads // num_kv
+    q = query.float().reshape(num_kv, group * b, dim)  # [H_kv, g·b, d]
+    logits = torch.bmm(q, key.float().transpose(1, 2)).mul_(scaling).view(num_kv, group, b, k_len)  # [H_kv, g, b, k]
+    if softcap is not None:
+        logits = logits.div_(softcap).tanh_().mul_(softcap)
+    rows = torch.arange(b, device=key.device).unsqueeze(1) + first  # [b, 1] each row's own key index
+    logits.masked_fill_(torch.arange(k_len, device=key.device).unsqueeze(0) > rows, float("-inf"))
+    return torch.softmax(logits, dim=-1).view(num_heads, b, k_len)  # [H, b, k]
+
+
+@dataclass(frozen=True)
+class Reconstruction:
+    """What `reconstruction_scores` measured on a prefix: per layer (None for a local layer)."""
+
+    scores: list[torch.Tensor | None]  # [H_kv, n] S per cached pair (step 3)
+    stats: list[LayerStats | None]  # H_l, V_l, log P_l over the rows R (step 4)
+    rows: int  # |R| = p + target tokens
+    chunks: int
+    seconds: float
+
+
+@torch.inference_mode()
+def reconstruction_scores(
+    model, cache: CakeCache, repeat_ids: torch.Tensor, target_ids: torch.Tensor, config: CakeConfig, *,
+    chunk: int = DEFAULT_CHUNK, on_chunk=None,
+) -> Reconstruction:  # fmt: skip
+    """Run the teacher-forced reconstruction over a whole prefix cache and score every cached pair (steps 1-4).
+
+    Args:
+        model: the model that filled `cache`, switched to a CAKE attention function.
+        cache: the prefix's full cache (n tokens, nothing evicted); left as it was.
+        repeat_ids: [1, p] the repeat prompt (p >= 0); target_ids: [1, t > 0] the text to repeat.
+        config: w (`window`), τ1, τ2 for the statistics.
+        chunk: m, target tokens per forward (>= 1), lowered so the last position fits the model.
+        on_chunk: progress callback (chunk index, number of chunks).
+
+    Raises:
+        ValueError: empty target, a chunk size < 1, or no position left for a chunk after the prefix.
+    """
+    n, p, t = cache.layers[0].seen, repeat_ids.shape[1], target_ids.shape[1]
+    limit = attention_layout(model.config).limit
+    room = chunk if limit is None else min(chunk, limit - n - p)
+    if t == 0 or chunk < 1 or room < 1:
+        raise ValueError(
+            f"no room to reconstruct {t} tokens after a {n}-token prefix ({p}-token prompt, chunk {chunk})"
+        )
+    scorer = ReconstructionScorer(n, min(config.window, n), cache.windows)
+    policy, cache.policy, tracking = cache.policy, scorer, cache.tracking_peak
+    starts = list(range(0, t, room))
+    sync_device(target_ids.device)
+    began = time.perf_counter()
+    try:
+        for index, start in enumerate(starts):
+            scorer.begin_chunk(cache, p if index else 0)
+            ids = torch.cat([repeat_ids, target_ids[:, start : start + room]], dim=1)  # [1, p + m]
+            forward_step(model, cache, ids, n, None)
+            if on_chunk is not None:
+                on_chunk(index, len(starts))
+    finally:
+        cache.policy, cache.tracking_peak = policy, tracking
+    sync_device(target_ids.device)
+    layers = [scorer.layers.get(i) for i in range(len(cache.layers))]
+    stats = [acc.stats(config.tau1, config.tau2) if acc else None for acc in layers]
+    scores = [acc.score if acc else None for acc in layers]
+    return Reconstruction(scores, stats, p + t, len(starts), time.perf_counter() - began)
+
+
+def evict_by_scores(cache: CakeCache, rec: Reconstruction, config: CakeConfig) -> list[int | None] | None:
+    """Step 5: budgets from the allocation (Eq. 7 one-shot for `cake`) and each global layer cut to its top-B_l
+    pairs by S per KV head, plus the prefix's last w tokens.
+
+    Returns:
+        [L] B_l (None for a local layer), or None when n <= B (nothing evicted).
+    """
+    n, w = cache.layers[0].seen, config.window
+    global_layers = [i for i, window in enumerate(cache.windows) if window is None]
+    if n <= config.budget or not global_layers:
+        return None
+    uses_stats = allocation.ALLOCATIONS[config.allocation].uses_stats
+    logs = [rec.stats[i].log_preference for i in global_layers] if uses_stats else None
+    total, cap = config.evictable_total(len(global_layers)), n - w
+    scored = len(global_layers)
+    budgets = allocation.stage_budgets(config.allocation, logs, scored, scored, total, cap, None)
+    for layer_idx, budget in zip(global_layers, budgets):
+        chosen = top_k_sorted(rec.scores[layer_idx][:, :cap], budget)  # [H_kv, B_l] ascending
+        window = torch.arange(cap, n, device=chosen.device).expand(chosen.shape[0], w)  # [H_kv, w]
+        cache.layers[layer_idx].keep(torch.cat([chosen, window], dim=-1))  # [1, H_kv, B_l + w, d]
+    out = dict(zip(global_layers, budgets))
+    return [out.get(i) for i in range(len(cache.layers))]
+
+
+@torch.inference_mode()
+def compress_by_reconstruction(
+    model, prefix_ids: torch.Tensor, repeat_ids: torch.Tensor, target_ids: torch.Tensor, config: CakeConfig, *,
+    chunk: int = DEFAULT_CHUNK, on_layer=None, on_chunk=None,
+) -> Prefilled:  # fmt: skip
+    """Prefill a prefix whole, score it by reconstruction and evict it to the budget (module docstring).
+
+    Args:
+        prefix_ids: [1, n] the prefix; repeat_ids: [1, p] the repeat prompt; target_ids: [1, t] what it
+            repeats (the document's tokens).
+        config: budget B, window w, allocation, τ1, τ2 (its indicator is not used: S ranks the pairs).
+        chunk, on_chunk: see `reconstruction_scores`; on_layer: the prefill's progress (layer_idx, L).
+
+    Returns:
+        Prefilled of the n prefix tokens (B_l + w per global layer when n > B), its cascade a
+        `SavedCascade` with the reconstruction statistics and budgets (seconds: reconstruction +
+        eviction); `seconds` is the prefill's, `peak_bytes` the largest total held meanwhile.
+
+    Raises:
+        ValueError: see `prefill` and `reconstruction_scores`.
+    """
+    state = prefill(model, prefix_ids, None, on_layer=on_layer)
+    rec = reconstruction_scores(model, state.cache, repeat_ids, target_ids, config, chunk=chunk, on_chunk=on_chunk)
+    began = time.perf_counter()
+    budgets = evict_by_scores(state.cache, rec, config)
+    seconds = rec.seconds + time.perf_counter() - began
+    cascade = SavedCascade(rec.stats, budgets, budgets is not None, seconds)
+    cache = state.cache
+    return Prefilled(cache, cascade, state.logits, state.seconds, cache.lengths(), cache.kv_bytes(), cache.peak_bytes)

@@ -1,0 +1,155 @@
+"""`cake compress --kv-bits` and the .cake format v2 through the real CLI on the tiny random profile: a
+quantized file answers exactly as the same cache quantized in process, the report gives the bytes on
+disk and in memory next to the full cache's, version 1 files still load, and bad input (bits, damaged
+scales, a newer format) is one line with the right exit code and nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+from typer.testing import CliRunner
+
+from cake_cli.cli.main import app
+from cake_cli.engine.continuation import requantized
+from cake_cli.tasks.saved import compress as saved_compress
+from cake_cli.tasks.saved import fileformat as cachefile
+from tests.helpers.texts import license_text
+
+runner = CliRunner()
+TINY = ["-m", "tiny-test"]
+QUESTIONS = ["Who holds the copyright?", "What does the license permit?"]
+
+
+def invoke(*args, input=None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def one_error_line(result, code: int, words: str) -> str:
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0], lines
+    return lines[0]
+
+
+@pytest.fixture
+def doc(cli_env):
+    path = cli_env / "notes.txt"
+    path.write_text(license_text()[:1300], encoding="utf-8")
+    return path
+
+
+def compressed(doc, path, *args):
+    result = invoke("compress", doc, "-o", path, *TINY, "-b", "64", "--dtype", "float32", "--scoring", "end", *args,
+                    "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    return path, json.loads(result.stdout)
+
+
+@pytest.fixture
+def four(doc, cli_env):
+    return compressed(doc, cli_env / "four.cake", "--kv-bits", "4")
+
+
+def meta_of(blob: bytes) -> tuple[dict, int]:
+    size = int.from_bytes(blob[:8], "little")
+    return json.loads(json.loads(blob[8 : 8 + size])["__metadata__"]["cake_cli"]), size
+
+
+def rewritten(path, target, tensors=None, drop=(), **changes) -> None:
+    """A copy of a .cake with metadata (and tensors) changed, its checksum made valid again."""
+    blob = path.read_bytes()
+    meta, _ = meta_of(blob)
+    meta.update(changes)
+    for name in drop:
+        meta.pop(name)
+    tensors = tensors if tensors is not None else load_tensors(blob)
+    meta["data_sha256"] = cachefile.data_sha256(save_tensors(tensors, metadata={"cake_cli": "{}"}))
+    target.write_bytes(save_tensors(tensors, metadata={"cake_cli": json.dumps(meta)}))
+
+
+def test_quantized_files_are_smaller_and_say_so(four, doc, cli_env):
+    path, report = four
+    _, sixteen = compressed(doc, cli_env / "sixteen.cake")
+    _, eight = compressed(doc, cli_env / "eight.cake", "--kv-bits", "8")
+    meta = cachefile.read_saved(path).meta
+    assert meta.format_version == 2 and (meta.kv_bits, meta.kv_group, meta.kv_recent) == (4, 32, 8)
+    assert (report["kv_bits"], report["kv_group"], sixteen["kv_bits"], sixteen["kv_group"]) == (4, 32, 16, None)
+    assert sixteen["kv_bytes_file"] == sixteen["kv_bytes_kept"] == report["kv_bytes_kept"], "same tokens, 16 bits"
+    assert report["kv_bytes_file"] < eight["kv_bytes_file"] < sixteen["kv_bytes_file"]
+    assert report["file_bytes"] < eight["file_bytes"] < sixteen["file_bytes"]
+    assert report["file_fraction"] == pytest.approx(report["file_bytes"] / report["kv_bytes_full"])
+    text = invoke("compress", doc, "-o", cli_env / "t.cake", *TINY, "-b", "64", "--scoring", "end", "--kv-bits", "4")
+    assert text.exit_code == 0 and text.stdout == ""
+    assert "4 bits, groups of 32" in text.stderr and "dequantized when loaded" in text.stderr
+    assert "on disk" in text.stderr and "full cache" in text.stderr
+
+
+def test_4bit_file_answers_as_the_cache_quantized_in_process(four, doc, monkeypatch):
+    path, _ = four
+    engine_compress = saved_compress.compress_prefix
+
+    def quantized_here(*args, **kwargs):  # the chat's in-process compression, quantized and dequantized in memory
+        return requantized(engine_compress(*args, **kwargs), 4, 32, recent=8)
+
+    piped = "\n".join(QUESTIONS) + "\n"
+    with monkeypatch.context() as patch:
+        patch.setattr(saved_compress, "compress_prefix", quantized_here)
+        chat = invoke("chat", doc, *TINY, "-b", "64", "--dtype", "fp32", "--scoring", "end", "-n", "8", "--json",
+                      input=piped)  # fmt: skip
+    assert chat.exit_code == 0, chat.stderr
+    for turn in map(json.loads, chat.stdout.splitlines()):
+        qa = invoke("qa", path, turn["question"], "-n", "8", "--json")
+        assert qa.exit_code == 0, qa.stderr
+        got = json.loads(qa.stdout)
+        assert got["answer"] == turn["answer"] and got["generated_tokens"] == turn["generated_tokens"] > 0
+        assert got["cache"]["kv_bytes"] == turn["cache"]["kv_bytes"]
+
+
+def test_version_1_files_still_load(doc, cli_env):
+    path, _ = compressed(doc, cli_env / "v2.cake")
+    rewritten(path, cli_env / "v1.cake", format_version=1, drop=cachefile.V2_DEFAULTS)
+    assert cachefile.read_saved(cli_env / "v1.cake").meta.kv_bits == 16
+    answers = [
+        json.loads(invoke("qa", p, QUESTIONS[0], "-n", "6", "--json").stdout) for p in (path, cli_env / "v1.cake")
+    ]
+    assert answers[0]["answer"] == answers[1]["answer"]
+
+
+def test_bad_kv_bits(doc, cli_env):
+    out = cli_env / "three.cake"
+    line = one_error_line(invoke("compress", doc, "-o", out, *TINY, "--kv-bits", "3"), 2, "--kv-bits 3")
+    assert "16, 8, 4" in line and not out.exists()
+
+
+def test_damaged_scales(four, cli_env):
+    path, _ = four
+    out = cli_env / "answer.txt"
+    blob = bytearray(path.read_bytes())
+    tensors = load_tensors(bytes(blob))
+    _, size = meta_of(bytes(blob))
+    header = json.loads(blob[8 : 8 + size])
+    start = 8 + size + header["keys.1.scale"]["data_offsets"][0]
+    blob[start + 1] ^= 0x7F  # a flipped byte inside a scale: the checksum catches it
+    (cli_env / "flipped.cake").write_bytes(bytes(blob))
+    one_error_line(invoke("qa", cli_env / "flipped.cake", "Who?", "-o", out), 1, "checksum")
+    tensors["keys.1.scale"][0, 0, 0] = float("nan")  # damaged, the checksum made valid again
+    rewritten(path, cli_env / "nan.cake", tensors)
+    line = one_error_line(invoke("qa", cli_env / "nan.cake", "Who?", "-o", out, "--quiet"), 1, "damaged")
+    assert "layer 1" in line and "cake compress" in line
+    tensors["keys.1.scale"][0, 0, 0] = 0.0
+    rewritten(path, cli_env / "zero.cake", tensors)
+    one_error_line(invoke("qa", cli_env / "zero.cake", "Who?", "-o", out, "--quiet"), 1, "damaged")
+    rewritten(path, cli_env / "bits.cake", kv_bits=3)
+    one_error_line(invoke("qa", cli_env / "bits.cake", "Who?", "-o", out), 1, "quantization settings")
+    assert not out.exists(), "nothing written"
+
+
+def test_a_newer_format_is_refused(four, cli_env):
+    path, _ = four
+    rewritten(path, cli_env / "v3.cake", format_version=3, cake_cli_version="9.0")
+    line = one_error_line(invoke("qa", cli_env / "v3.cake", "Who?"), 1, "format version 3")
+    assert "newer than this cake-cli reads" in line and "upgrade cake-cli" in line and "cake compress" in line

@@ -20,11 +20,12 @@ from cake_cli.engine.families import UnsupportedModelError, attention_layout, su
 from cake_cli.engine.generate import GenerationResult, decode, prefill
 from cake_cli.errors import CakeError
 from cake_cli.models.loader import LoadedModel, load_model
+from cake_cli.tasks.answers.cite import ABSTAINED, LOCATED, UNSUPPORTED, parse_cited
 from cake_cli.tasks.answers.completion import DEFAULT_LINES, CodeFilter, filter_code
-from cake_cli.tasks.answers.locate import THRESHOLD, content_words, locate, missing_words
-from cake_cli.tasks.inputs.documents import page_of_offset
+from cake_cli.tasks.answers.locate import THRESHOLD, content_words, covers, locate, missing_words
+from cake_cli.tasks.inputs.documents import page_of_offset, pages_of_range
 from cake_cli.tasks.request import Callbacks, Plan, TaskRequest
-from cake_cli.tasks.results import Location, RunResult, summary_fields
+from cake_cli.tasks.results import Dropped, Location, RunResult, Support, summary_fields
 from cake_cli.tasks.templates import Prompt, build_prompt
 from cake_cli.tasks.threads import Threads, choose, decode_following_load
 from cake_cli.tasks.threads import using as threads_using
@@ -106,8 +107,15 @@ def prepare(plan: Plan, cb: Callbacks, model: ReadyModel | None = None) -> Prepa
         )
     request = plan.request
     limit = prompt_limit(loaded, plan.max_new_tokens)
+    pages = partial(pages_of_range, plan.doc) if plan.text == plan.doc.text else None  # offsets of doc.text
     prompt = build_prompt(
-        loaded.tokenizer, plan.template, plan.text, max_prompt_tokens=limit, truncate=request.truncate, **request.fields
+        loaded.tokenizer,
+        plan.template,
+        plan.text,
+        max_prompt_tokens=limit,
+        truncate=request.truncate,
+        pages=pages,
+        **request.fields,
     )
     for message in prompt.warnings:
         cb.warn(warnings, message)
@@ -203,8 +211,9 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
                 prep.warnings,
                 "the model produced no code (only prose, fences or blank lines); see raw_answer in --json",
             )
+    support, dropped = None, dropped_part(prep)
     if template.locate:
-        location = _locate(answer, plan, cb, prep.warnings)
+        location, support = check_support(answer, plan, cb, prep.warnings, dropped)
     return RunResult(
         **run_summary(prep, result),
         task=request.task,
@@ -222,6 +231,8 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
         warnings=tuple(prep.warnings),
         location=location,
         raw_answer=raw_answer,
+        support=support,
+        dropped=dropped,
     )
 
 
@@ -290,17 +301,80 @@ def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None, done=No
     return result
 
 
-def _locate(answer: str, plan: Plan, cb: Callbacks, warnings: list[str]) -> Location | None:
-    """The answer's location in the document, or None with a warning (below the threshold)."""
-    query = plan.request.fields.get("query", "")
-    location, score = locate(answer, plan.doc.text, page_of=partial(page_of_offset, plan.doc), query=query)
-    extra = missing_words(location.text, content_words(answer, query)) if location else []
+def dropped_part(prep: Prepared) -> Dropped | None:
+    """What the middle cut left out of the prepared prompt (None: the whole document is in it)."""
+    cut = prep.prompt.dropped
+    if cut is None:
+        return None
+    doc = prep.plan.doc
+    pages = pages_of_range(doc, *cut) if prep.plan.text == doc.text else None
+    tokens = prep.prompt.original_document_tokens - prep.prompt.document_tokens
+    return Dropped(cut[0], cut[1], len(prep.plan.text), tokens, pages)
+
+
+def check_support(
+    answer: str, plan: Plan, cb: Callbacks, warnings: list[str], dropped: Dropped | None = None, text=None, offset=0
+) -> tuple[Location | None, Support]:
+    """Read a cited answer (`tasks.answers.cite`) and find its passage in the document: "located",
+    "unsupported" (with a warning saying why) or "abstained" (with a warning when the middle cut
+    left part of the document unread).
+
+    Args:
+        answer: the generated reply.
+        text: the text to look in (default the whole document); `offset`: where it starts in the
+            document text (a section of `--long sections`), so the location's offsets are the document's.
+    """
+    cited = parse_cited(answer)
+    if cited.abstained:
+        reason = ""
+        if dropped is not None:
+            reason = (
+                f"the answer is not in the part read: the middle cut left out {dropped.describe()}, "
+                "which may hold it (use --long sections to read it)"
+            )
+            cb.warn(warnings, f"the model says the document does not hold the answer, but {reason}")
+        return None, Support(ABSTAINED, "", "", reason)
+    location = _locate(cited.evidence, plan, cb, warnings, text, offset)
+    reason = ""
+    if location is not None and cited.passage and cited.answer:
+        query = plan.request.fields.get("question", plan.request.fields.get("query", ""))
+        words = content_words(cited.answer, query)
+        if words and not covers(location.text, words) and not covers(cited.passage, words):
+            reason = f"the quoted passage does not hold the answer ({', '.join(missing_words(location.text, words))})"
+            location = None
+    if location is not None and dropped is not None and dropped.start <= location.start < dropped.end:
+        reason = "the quoted passage is in the part the middle cut left out: the model did not read it"
+        location = None
+    if location is None:
+        if reason:  # else `_locate` has said why already
+            cb.warn(warnings, f"unsupported answer: {reason}")
+        reason = reason or "no passage of the document holds the answer's content"
+        return None, Support(UNSUPPORTED, cited.answer, cited.passage, reason)
+    return location, Support(LOCATED, cited.answer, cited.passage)
+
+
+def _locate(
+    evidence: str, plan: Plan, cb: Callbacks, warnings: list[str], text: str | None = None, offset: int = 0
+) -> Location | None:
+    """The evidence's location in the document (or in `text`, which starts at document offset
+    `offset`), or None with a warning (below the threshold)."""
+    fields = plan.request.fields
+    query = fields.get("query", fields.get("question", ""))
+    body = plan.doc.text if text is None else text
+    page_of = partial(page_of_offset, plan.doc)
+    location, score = locate(evidence, body, page_of=lambda i: page_of(i + offset), query=query)
+    if location is not None and text is not None:
+        start, end = location.start + offset, location.end + offset
+        percent = 100.0 * start / len(plan.doc.text) if plan.doc.text else 0.0
+        location = replace(location, start=start, end=end, percent=percent)
+    extra = missing_words(location.text, content_words(evidence, query)) if location else []
     if extra:
         cb.warn(warnings, f"the quote differs from the document: {', '.join(extra)} not in the located passage")
     if location is None:
         cb.warn(
             warnings,
-            f"no passage of the document holds the answer's content (best similarity {score:.0f}, at least "
-            f"{THRESHOLD:.0f} needed, and the answer's own words beyond the query): no location reported",
+            "unsupported answer: no passage of the document holds the answer's content (best similarity "
+            f"{score:.0f}, at least {THRESHOLD:.0f} needed, and the answer's own words beyond the query): no "
+            "location reported",
         )
     return location

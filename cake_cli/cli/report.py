@@ -140,7 +140,8 @@ def support_text(r: RunResult) -> Text:
     if s.status == "abstained":
         said = "abstained: the model says the document does not hold the answer"
         return Text(said + (f"; {s.reason}" if s.reason else ""), style="yellow" if s.reason else "")
-    return Text(f"UNSUPPORTED: {s.reason}; not found in the document (see the warning)", style="bold yellow")
+    why = "not found in the document" if s.reason.startswith("no passage") else s.reason
+    return Text(f"UNSUPPORTED: {why} (see the warning)", style="bold yellow")
 
 
 def dropped_text(r: RunResult) -> Text:

@@ -20,9 +20,8 @@ from cake_cli.engine.families import UnsupportedModelError, attention_layout, su
 from cake_cli.engine.generate import GenerationResult, decode, prefill
 from cake_cli.errors import CakeError
 from cake_cli.models.loader import LoadedModel, load_model
-from cake_cli.tasks.answers.cite import ABSTAINED, LOCATED, UNSUPPORTED, parse_cited
+from cake_cli.tasks.answers.cite import ABSTAINED, find_support
 from cake_cli.tasks.answers.completion import DEFAULT_LINES, CodeFilter, filter_code
-from cake_cli.tasks.answers.locate import THRESHOLD, content_words, covers, locate, missing_words
 from cake_cli.tasks.inputs.documents import page_of_offset, pages_of_range
 from cake_cli.tasks.request import Callbacks, Plan, TaskRequest
 from cake_cli.tasks.results import Dropped, Location, RunResult, Support, summary_fields
@@ -315,66 +314,32 @@ def dropped_part(prep: Prepared) -> Dropped | None:
 def check_support(
     answer: str, plan: Plan, cb: Callbacks, warnings: list[str], dropped: Dropped | None = None, text=None, offset=0
 ) -> tuple[Location | None, Support]:
-    """Read a cited answer (`tasks.answers.cite`) and find its passage in the document: "located",
-    "unsupported" (with a warning saying why) or "abstained" (with a warning when the middle cut
-    left part of the document unread).
+    """Read a cited answer and find its passage in the document (`tasks.answers.cite.find_support`):
+    "located", "unsupported" (with a warning saying why) or "abstained" (with a warning when the
+    middle cut left part of the document unread).
 
     Args:
         answer: the generated reply.
         text: the text to look in (default the whole document); `offset`: where it starts in the
             document text (a section of `--long sections`), so the location's offsets are the document's.
     """
-    cited = parse_cited(answer)
-    if cited.abstained:
-        reason = ""
-        if dropped is not None:
-            reason = (
-                f"the answer is not in the part read: the middle cut left out {dropped.describe()}, "
-                "which may hold it (use --long sections to read it)"
-            )
-            cb.warn(warnings, f"the model says the document does not hold the answer, but {reason}")
-        return None, Support(ABSTAINED, "", "", reason)
-    location = _locate(cited.evidence, plan, cb, warnings, text, offset)
-    reason = ""
-    if location is not None and cited.passage and cited.answer:
-        query = plan.request.fields.get("question", plan.request.fields.get("query", ""))
-        words = content_words(cited.answer, query)
-        if words and not covers(location.text, words) and not covers(cited.passage, words):
-            reason = f"the quoted passage does not hold the answer ({', '.join(missing_words(location.text, words))})"
-            location = None
-    if location is not None and dropped is not None and dropped.start <= location.start < dropped.end:
-        reason = "the quoted passage is in the part the middle cut left out: the model did not read it"
-        location = None
-    if location is None:
-        if reason:  # else `_locate` has said why already
-            cb.warn(warnings, f"unsupported answer: {reason}")
-        reason = reason or "no passage of the document holds the answer's content"
-        return None, Support(UNSUPPORTED, cited.answer, cited.passage, reason)
-    return location, Support(LOCATED, cited.answer, cited.passage)
-
-
-def _locate(
-    evidence: str, plan: Plan, cb: Callbacks, warnings: list[str], text: str | None = None, offset: int = 0
-) -> Location | None:
-    """The evidence's location in the document (or in `text`, which starts at document offset
-    `offset`), or None with a warning (below the threshold)."""
     fields = plan.request.fields
-    query = fields.get("query", fields.get("question", ""))
-    body = plan.doc.text if text is None else text
-    page_of = partial(page_of_offset, plan.doc)
-    location, score = locate(evidence, body, page_of=lambda i: page_of(i + offset), query=query)
-    if location is not None and text is not None:
-        start, end = location.start + offset, location.end + offset
-        percent = 100.0 * start / len(plan.doc.text) if plan.doc.text else 0.0
-        location = replace(location, start=start, end=end, percent=percent)
-    extra = missing_words(location.text, content_words(evidence, query)) if location else []
-    if extra:
-        cb.warn(warnings, f"the quote differs from the document: {', '.join(extra)} not in the located passage")
-    if location is None:
-        cb.warn(
-            warnings,
-            "unsupported answer: no passage of the document holds the answer's content (best similarity "
-            f"{score:.0f}, at least {THRESHOLD:.0f} needed, and the answer's own words beyond the query): no "
-            "location reported",
+    location, support, notes = find_support(
+        answer,
+        plan.doc.text if text is None else text,
+        query=fields.get("query", fields.get("question", "")),
+        page_of=partial(page_of_offset, plan.doc),
+        offset=offset,
+        length=len(plan.doc.text),
+        unread=(dropped.start, dropped.end) if dropped is not None else None,
+    )
+    for note in notes:
+        cb.warn(warnings, note)
+    if support.status == ABSTAINED and dropped is not None:
+        reason = (
+            f"the answer is not in the part read: the middle cut left out {dropped.describe()}, "
+            "which may hold it (use --long sections to read it)"
         )
-    return location
+        cb.warn(warnings, f"the model says the document does not hold the answer, but {reason}")
+        support = replace(support, reason=reason)
+    return location, support

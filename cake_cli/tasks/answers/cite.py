@@ -22,7 +22,10 @@ The runner then aligns the passage to the document (`tasks.answers.locate`) and 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from cake_cli.tasks.answers.locate import THRESHOLD, content_words, covers, locate, missing_words
+from cake_cli.tasks.results import Location, Support
 
 ABSTAIN = "not in the document"  # what the templates ask the model to write when it does not know
 LOCATED, UNSUPPORTED, ABSTAINED = "located", "unsupported", "abstained"
@@ -100,3 +103,63 @@ def parse_cited(text: str) -> Cited:
     answer, passage = answer.strip().strip(_QUOTES).strip(), passage.strip().strip(_QUOTES).strip()
     abstained = is_abstention(answer) or (not answer and is_abstention(passage))
     return Cited("" if abstained else answer, "" if abstained else passage, abstained)
+
+
+def find_support(
+    reply: str,
+    text: str,
+    *,
+    query: str = "",
+    page_of=None,
+    offset: int = 0,
+    length: int | None = None,
+    unread: tuple[int, int] | None = None,
+) -> tuple[Location | None, Support, list[str]]:
+    """Read `reply` apart and find the passage that backs it in `text`.
+
+    "located": the passage (or, without one, the answer itself) aligns with the text and holds the
+    answer's content words; "unsupported": it does not, or the quoted passage does not hold the
+    answer's own words, or it lies in `unread` (a part the model never read); "abstained": the
+    reply says the document does not hold the answer.
+
+    Args:
+        reply: the generated text.
+        text: where to look: the document, or one of its sections.
+        query: the question or query (its words are not content).
+        page_of: offset in the document -> 1-based PDF page, or None.
+        offset: where `text` starts in the document (location offsets are the document's).
+        length: the document's characters (for the location's depth; default len(text)).
+        unread: document characters [start, end) the model did not read (the middle cut).
+
+    Returns:
+        (location or None, Support, notes): notes are one-line warnings for the user.
+    """
+    cited = parse_cited(reply)
+    if cited.abstained:
+        return None, Support(ABSTAINED, "", ""), []
+    pages = (lambda i: page_of(i + offset)) if page_of else None
+    location, score = locate(cited.evidence, text, page_of=pages, query=query)
+    notes: list[str] = []
+    if location is not None:
+        start, end, total = location.start + offset, location.end + offset, length or len(text)
+        location = replace(location, start=start, end=end, percent=100.0 * start / total if total else 0.0)
+        extra = missing_words(location.text, content_words(cited.evidence, query))
+        if extra:
+            notes.append(f"the quote differs from the document: {', '.join(extra)} not in the located passage")
+    else:
+        reason = (
+            "no passage of the document holds the answer's content (best similarity "
+            f"{score:.0f}, at least {THRESHOLD:.0f} needed, and the answer's own words beyond the query): no "
+            "location reported"
+        )
+        return None, Support(UNSUPPORTED, cited.answer, cited.passage, reason), [f"unsupported answer: {reason}"]
+    reason = ""
+    words = content_words(cited.answer, query) if cited.passage and cited.answer else []
+    if words and not covers(location.text, words) and not covers(cited.passage, words):
+        reason = f"the quoted passage does not hold the answer ({', '.join(missing_words(location.text, words))})"
+    elif unread is not None and unread[0] <= location.start < unread[1]:
+        reason = "the quoted passage is in the part the middle cut left out: the model did not read it"
+    if reason:
+        notes.append(f"unsupported answer: {reason}")
+        return None, Support(UNSUPPORTED, cited.answer, cited.passage, reason), notes
+    return location, Support(LOCATED, cited.answer, cited.passage), notes

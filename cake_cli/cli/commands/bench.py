@@ -34,6 +34,7 @@ from cake_cli.cli.bench_options import (
     float_list,
     grid_setup,
     int_list,
+    real_suite_from,
     suite_from,
 )
 from cake_cli.engine.methods import METHODS
@@ -55,6 +56,23 @@ def quality(
             show_default=False,
             help="KV budgets B in tokens per layer, comma-separated. "
             "Default: 64,128,256,512,1024 (--quick: 128,256,512).",
+        ),
+    ] = None,
+    suite: Annotated[
+        str,
+        typer.Option(
+            metavar="NAME",
+            help="needle: NeedleBench-style retrieval and SQuAD/HotpotQA (synthetic haystacks); real: questions on "
+            "real documents that Debian packages and CPython ship (bench/data/real_qa.yaml), answered as `cake qa` "
+            "answers them: F1 and exact against gold, abstention accuracy on the unanswerable ones.",
+        ),
+    ] = "needle",
+    documents: Annotated[
+        str | None,
+        typer.Option(
+            metavar="LIST",
+            show_default=False,
+            help="--suite real: the set's document ids to ask, comma-separated (default: every installed one).",
         ),
     ] = None,
     tasks: Tasks = None,
@@ -82,14 +100,19 @@ def quality(
     json_out: o.Json = False,
 ) -> None:
     """Answer quality of each method x budget x context length on NeedleBench-style tasks (single- and
-    multi-needle retrieval, multi-needle reasoning; Levenshtein scoring) and SQuAD/HotpotQA QA (F1).
-    One prefill per case is recorded and replayed for every method and budget. Tables go to stdout
-    (or one JSON object with --json), progress to stderr."""
+    multi-needle retrieval, multi-needle reasoning; Levenshtein scoring) and SQuAD/HotpotQA QA (F1),
+    or (--suite real) on questions about real documents. One prefill per case is recorded and
+    replayed for every method and budget. Tables go to stdout (or one JSON object with --json),
+    progress to stderr."""
     with handled():
-        suite = suite_from(QUICK_SUITE if quick else EVAL_SUITE, tasks, lengths, depths, repeats)
+        if suite == "real":
+            chosen = real_suite_from(lengths, documents, quick, tasks=tasks, depths=depths, repeats=repeats)
+        else:
+            chosen = suite_from(QUICK_SUITE if quick else EVAL_SUITE, tasks, lengths, depths, repeats, suite, documents)
         sizes = int_list(budgets or ("128,256,512" if quick else "64,128,256,512,1024"), "--budgets")
         variants = parse_variants(methods, pairings)
-        setup = grid_setup(model, window, dtype, attention, threads, haystack, suite, sizes, variants, output, json_out)
+        where = (haystack, chosen, sizes, variants, output, json_out)
+        setup = grid_setup(model, window, dtype, attention, threads, *where)
         from cake_cli.cli.runners import bench as bench_run  # noqa: PLC0415 - torch loads after the checks
 
         bench_run.quality(setup, plot, markdown)

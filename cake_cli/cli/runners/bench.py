@@ -14,9 +14,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from cake_cli.bench.quality.plot import plot as draw
+from cake_cli.bench.quality.real import count_steps as count_real_steps
+from cake_cli.bench.quality.real import run_real
 from cake_cli.bench.quality.report import (
     check_resumable,
     load_results,
+    real_target_checks,
     row_key,
     rows_as_dicts,
     save_results,
@@ -27,6 +30,9 @@ from cake_cli.bench.quality.run import Model as QualityModel
 from cake_cli.bench.quality.run import count_steps, run_grid
 from cake_cli.bench.quality.tables import markdown as to_markdown
 from cake_cli.bench.quality.tables import rich_tables
+from cake_cli.bench.real_docs import load_set, open_documents
+from cake_cli.bench.scoring import REAL_WEIGHTS, TASK_WEIGHTS
+from cake_cli.bench.suites import RealSuite
 from cake_cli.bench.tau_search import choose, write_profile_taus
 from cake_cli.cli.bench_options import GridSetup
 from cake_cli.cli.progress import console, stderr_console
@@ -50,6 +56,7 @@ def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
         "lengths": list(suite.lengths),
         "depths": list(suite.depths),
         "repeats": suite.repeats,
+        **({"documents": list(suite.documents), "quick": suite.quick} if isinstance(suite, RealSuite) else {}),
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
@@ -72,7 +79,14 @@ def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, di
     if output:
         check_resumable(output, old_meta, meta)
     done = {row_key(r) for r in rows}
-    prefills, replays = count_steps(setup.suite, setup.variants, budgets, done)
+    real = isinstance(setup.suite, RealSuite)
+    if real:
+        documents, notes = open_documents(load_set(), list(setup.suite.documents) or None)
+        for note in notes:
+            stderr_console().print(f"[yellow]note:[/] {escape(note)}")
+        prefills, replays = count_real_steps(documents, setup.suite, setup.variants, budgets, done)
+    else:
+        prefills, replays = count_steps(setup.suite, setup.variants, budgets, done)
     if done:
         stderr_console().print(
             f"[dim]resuming {escape(str(output))}: {len(done)} results kept, {replays} answers in {prefills} "
@@ -91,17 +105,30 @@ def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, di
             bar.update(task, description=label)
             bar.advance(task)
 
-        run_grid(
-            runner_model,
-            setup.suite,
-            setup.variants,
-            budgets,
-            setup.configs.__getitem__,
-            haystack=setup.haystack,
-            done=done,
-            on_case=save,
-            on_step=step,
-        )
+        if real:
+            run_real(
+                runner_model,
+                documents,
+                setup.suite,
+                setup.variants,
+                budgets,
+                setup.configs.__getitem__,
+                done=done,
+                on_case=save,
+                on_step=step,
+            )
+        else:
+            run_grid(
+                runner_model,
+                setup.suite,
+                setup.variants,
+                budgets,
+                setup.configs.__getitem__,
+                haystack=setup.haystack,
+                done=done,
+                on_case=save,
+                on_step=step,
+            )
     if output:  # also when nothing was left to run: the meta then names the command behind the tables
         save_results(output, {**old_meta, **meta}, rows)
     names = {v.name for v in setup.variants}
@@ -112,6 +139,7 @@ def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, di
         and (r["budget"] is None or r["budget"] in setup.configs)
         and r["task"] in setup.suite.tasks
         and r["length"] in setup.suite.lengths
+        and (not real or not setup.suite.documents or r["source"] in setup.suite.documents)
     ]
     return loaded, meta, rows
 
@@ -122,9 +150,11 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
     with using(setup.threads):
         loaded, meta, rows = run_setup("bench quality", setup, {"taus": taus})
     names, budgets = [v.name for v in setup.variants], list(setup.configs)
-    summary = summarize(rows, names, budgets)
-    exact = summarize(rows, names, budgets, metric="exact")
-    checks = target_checks(summary)
+    real = isinstance(setup.suite, RealSuite)
+    weights = REAL_WEIGHTS if real else TASK_WEIGHTS
+    summary = summarize(rows, names, budgets, weights=weights)
+    exact = summarize(rows, names, budgets, metric="exact", weights=weights)
+    checks = target_checks(summary) + (real_target_checks(rows, exact) if real else [])
     title = f"cake bench quality · {loaded.name}"
     output = setup.output
     png = plot or (output.with_suffix(".png") if output else None)

@@ -212,7 +212,8 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
             )
     support, dropped = None, dropped_part(prep)
     if template.locate:
-        location, support = check_support(answer, plan, cb, prep.warnings, dropped)
+        scope = dict(text=plan.text, offset=plan.section[0]) if plan.section is not None else {}
+        location, support = check_support(answer, plan, cb, prep.warnings, dropped, **scope)
     return RunResult(
         **run_summary(prep, result),
         task=request.task,
@@ -301,14 +302,18 @@ def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None, done=No
 
 
 def dropped_part(prep: Prepared) -> Dropped | None:
-    """What the middle cut left out of the prepared prompt (None: the whole document is in it)."""
+    """What the middle cut left out of the prepared prompt (None: the whole document is in it), in
+    document offsets (a section's cut is shifted by where the section starts)."""
     cut = prep.prompt.dropped
     if cut is None:
         return None
-    doc = prep.plan.doc
-    pages = pages_of_range(doc, *cut) if prep.plan.text == doc.text else None
+    plan, doc = prep.plan, prep.plan.doc
+    base = plan.section[0] if plan.section is not None else 0
+    start, end = cut[0] + base, cut[1] + base
+    whole = plan.section is not None or plan.text == doc.text  # offsets of doc.text: pages known
     tokens = prep.prompt.original_document_tokens - prep.prompt.document_tokens
-    return Dropped(cut[0], cut[1], len(prep.plan.text), tokens, pages)
+    length = len(doc.text) if whole else len(plan.text)
+    return Dropped(start, end, length, tokens, pages_of_range(doc, start, end) if whole else None)
 
 
 def check_support(

@@ -40,9 +40,11 @@ NEEDLE_WEIGHTS: dict[str, float] = {"s-rt": 0.4, "m-rt": 0.3, "m-rs": 0.3}
 TASK_WEIGHTS: dict[str, float] = {"s-rt": 0.3, "m-rt": 0.225, "m-rs": 0.225, "qa": 0.25}
 
 # The real-document suite's row tasks: the answer is in the prompt ("real"), it is not in the
-# document ("real-absent"), or it is in the part the middle cut left out ("real-cut"). Overall:
-# half answers, half abstentions, so a model that always abstains scores at most 50.
-REAL_WEIGHTS: dict[str, float] = {"real": 0.5, "real-absent": 0.25, "real-cut": 0.25}
+# document ("real-absent"), it is in the part the middle cut left out ("real-cut": abstain), or
+# in the part the middle cut would leave out, read with --long sections ("real-middle": answer).
+# Overall (renormalised over the tasks present): with the middle cut, half answers and half
+# abstentions, so a model that always abstains scores at most 50.
+REAL_WEIGHTS: dict[str, float] = {"real": 0.5, "real-middle": 0.25, "real-absent": 0.25, "real-cut": 0.25}
 ABSTAIN_TASKS = ("real-absent", "real-cut")
 
 _WS = re.compile(r"\s+")

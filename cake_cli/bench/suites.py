@@ -57,6 +57,7 @@ class RealSuite:
     lengths: tuple[int, ...]  # prompt limits, tokens (clamped to the model's limit)
     documents: tuple[str, ...] = ()  # document ids of the set (empty: all)
     quick: bool = False  # two questions per document: its first answerable and first unanswerable one
+    long: str = "middle"  # a document longer than the length: "middle" (cut) or "sections" (`tasks.sections`)
     tasks: tuple[str, ...] = REAL_TASKS  # the row tasks (`scoring.REAL_WEIGHTS`)
     split: str = "real"
     depths: tuple[float, ...] = ()

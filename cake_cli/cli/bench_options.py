@@ -18,7 +18,7 @@ from cake_cli.engine.methods import METHODS
 from cake_cli.errors import UsageError, unknown_name
 from cake_cli.models.profiles import profile_of
 from cake_cli.tasks.planning import cake_config_for
-from cake_cli.tasks.request import TaskRequest
+from cake_cli.tasks.request import LONG_MODES, MIDDLE, TaskRequest
 
 Methods = Annotated[
     str,
@@ -150,7 +150,7 @@ def suite_from(base: Suite, tasks, lengths, depths, repeats, name: str = "needle
     )
 
 
-def real_suite_from(lengths, documents, quick: bool, **needle_only) -> RealSuite:
+def real_suite_from(lengths, documents, quick: bool, long: str = MIDDLE, **needle_only) -> RealSuite:
     """The real-document suite from its options (`needle_only`: the needle suite's options, which
     must be left out). The set is read and checked here (cheap), the documents by the runner.
 
@@ -159,6 +159,8 @@ def real_suite_from(lengths, documents, quick: bool, **needle_only) -> RealSuite
             or an invalid set file.
     """
     given = [f"--{name}" for name, value in needle_only.items() if value is not None]
+    if long not in LONG_MODES:
+        raise unknown_name("--long mode", long, LONG_MODES)
     if given:
         raise UsageError(f"{', '.join(given)} apply to --suite needle only", "leave them out with --suite real")
     ids = tuple(d.strip() for d in documents.split(",") if d.strip()) if documents else ()
@@ -166,7 +168,7 @@ def real_suite_from(lengths, documents, quick: bool, **needle_only) -> RealSuite
     for name in ids:
         if name not in known:
             raise unknown_name("document", name, known)
-    return RealSuite(tuple(int_list(lengths, "--lengths")) if lengths else REAL_LENGTHS, ids, quick)
+    return RealSuite(tuple(int_list(lengths, "--lengths")) if lengths else REAL_LENGTHS, ids, quick, long)
 
 
 @dataclass(frozen=True)

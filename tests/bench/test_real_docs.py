@@ -167,15 +167,11 @@ def _case(doc, qid: str, task: str, dropped=None) -> RealCase:
     return RealCase(doc, question, 32768, task, (1, 2, 3), dropped)
 
 
-class _Rec:
-    seconds = 0.5
-
-
 def test_rows_score_cited_replies_and_abstentions(heapq_doc):
     cake = Variant("cake", "cake", "cake")
 
     def row(qid: str, task: str, reply: str, dropped=None):
-        return _row(_case(heapq_doc, qid, task, dropped), cake, 256, None, reply, 1.0, _Rec)
+        return _row(_case(heapq_doc, qid, task, dropped), cake, 256, None, reply, 1.0, 0.5)
 
     quote = "# Original code by Kevin O'Connor, augmented by Tim Peters and Raymond Hettinger"
     cited = f'Answer: Kevin O\'Connor\nPassage: "{quote}"'
@@ -191,6 +187,23 @@ def test_rows_score_cited_replies_and_abstentions(heapq_doc):
     assert row("python-heapq-02", "real-cut", "not in the document", unread).exact == 1.0
     quoted = row("python-heapq-02", "real-cut", cited, unread)
     assert (quoted.exact, quoted.support) == (0.0, "unsupported")
+
+
+def test_with_sections_the_first_located_section_answers(heapq_doc):
+    question = next(q for q in heapq_doc.questions if q.id == "python-heapq-02")
+    at = heapq_doc.found[question.id].start
+    sections = ((0, at - 5), (at - 5, len(heapq_doc.doc.text)))
+    case = RealCase(heapq_doc, question, 600, "real-middle", (), None, sections, ((1,), (2,)))
+    quote = "# Original code by Kevin O'Connor, augmented by Tim Peters and Raymond Hettinger"
+    cake = Variant("cake", "cake", "cake")
+    replies = ["Answer: not in the document", f'Answer: Kevin O\'Connor\nPassage: "{quote}"']
+    row = _row(case, cake, 256, None, replies, 1.0, 0.5)
+    assert (row.exact, row.support, row.prediction) == (1.0, "located", replies[1]) and row.prompt_tokens == 2
+    # the same quote from the wrong section is not found there: unsupported (scored on its content all the same)
+    swapped = _row(case, cake, 256, None, replies[::-1], 1.0, 0.5)
+    assert (swapped.exact, swapped.support) == (1.0, "unsupported")
+    silent = _row(case, cake, 256, None, ["not in the document"] * 2, 1.0, 0.5)
+    assert (silent.exact, silent.support) == (0.0, "abstained")
 
 
 def test_quick_picks_one_answerable_and_one_unanswerable(heapq_doc):
@@ -224,10 +237,22 @@ def test_real_suite_end_to_end_then_resume(cli_env):
     assert json.loads(out.read_text())["rows"] == rows
 
 
+def test_real_suite_with_sections(cli_env):
+    args = [*TINY_REAL, "--documents", "python-heapq", "--quick", "--lengths", "700", "--budgets", "32"]
+    result = runner.invoke(app, [*args, "--methods", "cake", "--long", "sections", "--json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["meta"]["long"] == "sections"
+    tasks = {s["task"] for s in data["summary"]["scores"]}
+    assert "real-cut" not in tasks and tasks & {"real", "real-middle"}  # nothing is cut: every passage is read
+    assert "section 2/" in result.stderr
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
         (["--documents", "nope"], "unknown document 'nope'"),
+        (["--long", "sideways"], "unknown --long mode"),
         (["--depths", "0.5"], "--depths apply to --suite needle only"),
         (["--tasks", "qa"], "--tasks apply to --suite needle only"),
     ],
@@ -243,6 +268,8 @@ def test_documents_needs_the_real_suite(cli_env):
     assert result.exit_code == 2 and "--suite real" in result.stderr
     unknown = runner.invoke(app, ["bench", "quality", "--model", "tiny-test", "--suite", "rael"])
     assert unknown.exit_code == 2 and "did you mean 'real'" in unknown.stderr
+    needle = runner.invoke(app, ["bench", "quality", "--model", "tiny-test", "--long", "sections"])
+    assert needle.exit_code == 2 and "--long applies to --suite real only" in needle.stderr
 
 
 def test_page_of_offset_is_the_evidence_page():  # a PDF's evidence names its page

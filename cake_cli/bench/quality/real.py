@@ -8,8 +8,14 @@ read apart and its passage looked for in the document (`tasks.answers.cite.find_
 scored (`scoring.real_scores`): F1 and exact against the gold answers when the passage was read,
 abstention accuracy when the answer is not in the document or in the part the cut left out.
 
-Rows are `suites.CaseResult`s with task "real", "real-absent" or "real-cut", the question id as
-case id and the document id as source; an interrupted run resumes by the same keys.
+With `--long sections` a document longer than the context is read as `cake qa --long sections`
+reads it (`tasks.sections.split_sections`): each section is recorded and replayed on its own, and
+the reply of the first section whose cited passage is found is the answer (every section
+abstaining: an abstention). A question whose passage the middle cut would have left out is then
+task "real-middle", scored against its gold answers, so the two modes can be compared.
+
+Rows are `suites.CaseResult`s with task "real", "real-absent", "real-cut" or "real-middle", the
+question id as case id and the document id as source; an interrupted run resumes by the same keys.
 """
 
 from __future__ import annotations
@@ -27,8 +33,11 @@ from cake_cli.bench.scoring import real_scores
 from cake_cli.bench.suites import REAL_TASKS, REAL_TEMPLATE, CaseResult, RealSuite, Variant, result_key
 from cake_cli.engine.generate import decode
 from cake_cli.engine.replay import record, replay
-from cake_cli.tasks.answers.cite import ABSTAINED, find_support
+from cake_cli.tasks.answers.cite import ABSTAINED, LOCATED, UNSUPPORTED, find_support
 from cake_cli.tasks.inputs.documents import page_of_offset
+from cake_cli.tasks.request import SECTIONS
+from cake_cli.tasks.results import Support
+from cake_cli.tasks.sections import SLACK, split_sections
 from cake_cli.tasks.templates import build_prompt, load_template
 
 
@@ -39,14 +48,20 @@ class RealCase:
     document: OpenDocument
     question: RealQuestion
     length: int  # nominal (the suite's)
-    task: str  # "real" (the passage is in the prompt), "real-absent" or "real-cut"
-    input_ids: tuple[int, ...]
+    task: str  # "real" (the passage is read), "real-absent", "real-cut" (cut: abstain) or "real-middle"
+    input_ids: tuple[int, ...]  # the prompt (middle cut); () with sections
     dropped: tuple[int, int] | None  # document characters the middle cut left out
+    sections: tuple[tuple[int, int], ...] = ()  # --long sections: the sections' character spans
+    section_ids: tuple[tuple[int, ...], ...] = ()  # and their prompts
 
     @property
     def answers(self) -> tuple[str, ...]:
         """The gold answers a right reply gives; () when it should abstain."""
-        return self.question.answers if self.task == "real" else ()
+        return self.question.answers if self.task in ("real", "real-middle") else ()
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(ids) for ids in self.section_ids) if self.sections else len(self.input_ids)
 
     @property
     def depth(self) -> float:
@@ -65,22 +80,31 @@ def selected(doc: OpenDocument, quick: bool) -> list[RealQuestion]:
     return [q for q in first if q is not None]
 
 
-def build_case(model: Model, doc: OpenDocument, question: RealQuestion, length: int) -> RealCase:
-    """The prompt of one question (middle-cut to `length` tokens, clamped to the model) and its task.
+def build_case(model: Model, doc: OpenDocument, question: RealQuestion, length: int, long: str = "middle") -> RealCase:
+    """The prompt of one question (middle-cut to `length` tokens, clamped to the model), or with
+    `long` "sections" the prompts of its sections, and its task.
 
     Raises:
         CakeError: the question alone does not fit the model.
     """
     template = load_template(REAL_TEMPLATE)
     limit = min(length, model.max_prompt_tokens)
-    prompt = build_prompt(
-        model.tokenizer, template, doc.doc.text, max_prompt_tokens=limit, truncate="middle", question=question.question
-    )
-    task = "real-absent"
+    text, ask = doc.doc.text, dict(question=question.question)
+    prompt = build_prompt(model.tokenizer, template, text, max_prompt_tokens=limit, truncate="middle", **ask)
+    task, cut = "real-absent", prompt.dropped
     if question.answerable:
-        found, cut = doc.found[question.id], prompt.dropped
-        task = "real-cut" if cut is not None and found.start < cut[1] and found.end > cut[0] else "real"
-    return RealCase(doc, question, length, task, prompt.input_ids, prompt.dropped)
+        found = doc.found[question.id]
+        in_cut = cut is not None and found.start < cut[1] and found.end > cut[0]
+        task = ("real-middle" if long == SECTIONS else "real-cut") if in_cut else "real"
+    if long != SECTIONS or cut is None:
+        return RealCase(doc, question, length, task, prompt.input_ids, cut)
+    overhead = len(build_prompt(model.tokenizer, template, "", max_prompt_tokens=10**9, **ask).input_ids)
+    spans = tuple(split_sections(model.tokenizer, text, max(limit - overhead - SLACK, 1)))
+    ids = tuple(
+        build_prompt(model.tokenizer, template, text[a:b], max_prompt_tokens=limit, truncate="middle", **ask).input_ids
+        for a, b in spans
+    )
+    return RealCase(doc, question, length, task, (), None, spans, ids)
 
 
 def _done(done: set, question: RealQuestion, length: int, method: str, budget: int | None) -> bool:
@@ -107,7 +131,8 @@ def pending(
 
 
 def count_steps(documents, suite: RealSuite, variants, budgets, done) -> tuple[int, int]:
-    """(prefills, replays) still to run: for the progress bar and its ETA."""
+    """(prefills, replays) still to run: for the progress bar and its ETA (with sections: an estimate,
+    one prefill per case)."""
     todo = pending(documents, suite, variants, budgets, done)
     return len(todo), sum(len(cells) for *_, cells in todo)
 
@@ -124,8 +149,9 @@ def run_real(
     on_case: Callable[[list[CaseResult]], None] | None = None,
     on_step: Callable[[str], None] | None = None,
 ) -> list[CaseResult]:
-    """Run every pending cell; one recorded prefill per (question, length). Arguments as
-    `quality.run.run_grid`, with the opened documents (`real_docs.open_documents`) for the cases."""
+    """Run every pending cell; one recorded prefill per (question, length), or per section with
+    `suite.long` "sections". Arguments as `quality.run.run_grid`, with the opened documents
+    (`real_docs.open_documents`) for the cases."""
     if not budgets:
         raise ValueError("run_real needs at least one budget")
     configs = {b: config_for_budget(b) for b in budgets}
@@ -134,41 +160,65 @@ def run_real(
     new_tokens = load_template(REAL_TEMPLATE).max_new_tokens
     rows: list[CaseResult] = []
     for doc, question, length, cells in pending(documents, suite, variants, budgets, done):
-        case = build_case(model, doc, question, length)
-        ids = torch.tensor([list(case.input_ids)], device=device)  # [1, n]
-        label = f"{question.id} @ {length}"
-        if on_step:
-            on_step(f"{label}: prefill {ids.shape[1]} tokens")
-        rec = record(model.model, ids, window)
-        case_rows, answers = [], {}
-        for variant, budget in cells:
+        case = build_case(model, doc, question, length, suite.long)
+        prompts = case.section_ids if case.sections else (case.input_ids,)
+        replies: dict = {}  # (variant name, budget) -> [reply of each section]
+        seconds: dict = {}
+        recorded = 0.0
+        for part, input_ids in enumerate(prompts, 1):
+            ids = torch.tensor([list(input_ids)], device=device)  # [1, n]
+            label = f"{question.id} @ {length}" + (f" section {part}/{len(prompts)}" if case.sections else "")
             if on_step:
-                on_step(f"{label}: {variant.name} B={budget or '-'}")
+                on_step(f"{label}: prefill {ids.shape[1]} tokens")
+            rec = record(model.model, ids, window)
+            recorded += rec.seconds
+            answers = {}
+            for variant, budget in cells:
+                if on_step:
+                    on_step(f"{label}: {variant.name} B={budget or '-'}")
+                config = variant.config(configs[budget]) if budget is not None else None
+                start = time.perf_counter()
+                state = replay(rec, config)
+                same = kept_key(state, config)
+                if same not in answers:  # identical kept tokens and decode settings -> identical answer
+                    out = decode(model.model, ids, state, config, max_new_tokens=new_tokens, stop_ids=model.stop_ids)
+                    answers[same] = model.tokenizer.decode(list(out.token_ids), skip_special_tokens=True).strip()
+                replies.setdefault((variant.name, budget), []).append(answers[same])
+                seconds[(variant.name, budget)] = seconds.get((variant.name, budget), 0.0) + time.perf_counter() - start
+            del rec
+        case_rows = []
+        for variant, budget in cells:
             config = variant.config(configs[budget]) if budget is not None else None
-            start = time.perf_counter()
-            state = replay(rec, config)
-            same = kept_key(state, config)
-            if same not in answers:  # identical kept tokens and decode settings -> identical answer
-                out = decode(model.model, ids, state, config, max_new_tokens=new_tokens, stop_ids=model.stop_ids)
-                answers[same] = model.tokenizer.decode(list(out.token_ids), skip_special_tokens=True).strip()
-            case_rows.append(_row(case, variant, budget, config, answers[same], time.perf_counter() - start, rec))
-        del rec
+            key = (variant.name, budget)
+            case_rows.append(_row(case, variant, budget, config, replies[key], seconds[key], recorded))
         rows.extend(case_rows)
         if on_case:
             on_case(case_rows)
     return rows
 
 
-def _row(case: RealCase, variant: Variant, budget, config, text: str, seconds: float, rec) -> CaseResult:
-    """The scored row of one reply."""
+def _support(case: RealCase, replies: list[str]) -> tuple[str, Support]:
+    """The reply that answers and its support: the one reply (middle cut), or with sections the
+    first section reply whose passage is found in its section (all abstaining: an abstention; else
+    the first unsupported one)."""
     doc = case.document
-    _, support, _ = find_support(
-        text,
-        doc.doc.text,
-        query=case.question.question,
-        page_of=partial(page_of_offset, doc.doc),
-        unread=case.dropped,
-    )
+    text, page_of = doc.doc.text, partial(page_of_offset, doc.doc)
+    ask = dict(query=case.question.question, page_of=page_of, length=len(text))
+    if not case.sections:
+        return replies[0], find_support(replies[0], text, unread=case.dropped, **ask)[1]
+    found = []
+    for (start, end), reply in zip(case.sections, replies):
+        found.append((reply, find_support(reply, text[start:end], offset=start, **ask)[1]))
+    for status in (LOCATED, UNSUPPORTED):
+        hit = next(((r, s) for r, s in found if s.status == status), None)
+        if hit:
+            return hit
+    return found[0]
+
+
+def _row(case: RealCase, variant: Variant, budget, config, replies, seconds: float, recorded: float) -> CaseResult:
+    """The scored row of one method's reply (a list: one reply per section with sections)."""
+    text, support = _support(case, [replies] if isinstance(replies, str) else list(replies))
     abstained = support.status == ABSTAINED
     score, exact = real_scores(support.answer, abstained, case.answers)
     return CaseResult(
@@ -178,7 +228,7 @@ def _row(case: RealCase, variant: Variant, budget, config, text: str, seconds: f
         length=case.length,
         method=variant.name,
         budget=budget,
-        prompt_tokens=len(case.input_ids),
+        prompt_tokens=case.prompt_tokens,
         depth=case.depth,
         score=round(score, 6),
         exact=exact,
@@ -186,8 +236,8 @@ def _row(case: RealCase, variant: Variant, budget, config, text: str, seconds: f
         tau1=config.tau1 if uses_taus(config) else None,
         tau2=config.tau2 if uses_taus(config) else None,
         seconds=round(seconds, 3),
-        record_seconds=round(rec.seconds, 3),
-        source=doc.spec.id,
+        record_seconds=round(recorded, 3),
+        source=case.document.spec.id,
         abstained=abstained,
         support=support.status,
     )

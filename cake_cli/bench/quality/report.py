@@ -27,7 +27,7 @@ from cake_cli.files import write_atomic
 
 FORMAT = "cake-bench-quality"
 FORMAT_VERSION = 1
-META_MUST_MATCH = ("model", "split", "haystack", "window")  # a resumed file must agree on these
+META_MUST_MATCH = ("model", "split", "haystack", "window", "long")  # a resumed file must agree on these
 TASK_TITLES = {
     "s-rt": "single-needle retrieval (S-RT)",
     "m-rt": "multi-needle retrieval (M-RT)",
@@ -36,6 +36,7 @@ TASK_TITLES = {
     "real": "real documents, answer in the text read (F1)",
     "real-absent": "real documents, answer not in the document (abstention accuracy)",
     "real-cut": "real documents, answer in the part the middle cut left out (abstention accuracy)",
+    "real-middle": "real documents, answer where the middle cut would cut, read in sections (F1)",
     "overall": "overall",
 }
 
@@ -275,6 +276,17 @@ def real_target_checks(rows: list[dict], exact: Summary, method: str = "cake") -
         lines.append(
             f"{'PASS' if share >= keep else 'FAIL'} B={low}: {method} {fmt_score(cake)} vs full {fmt_score(full)} "
             f"overall exact ({share:.0%} of full; target {keep:.0%})"
+        )
+    middle = sorted({r["budget"] for r in rows if r["method"] == method and r["task"] == "real-middle"})
+    if middle:  # --long sections: the questions the middle cut would lose, against those it keeps
+        at = budget if budget in middle else middle[-1]
+        cut = [r["exact"] for r in rows if r["method"] == method and r["budget"] == at and r["task"] == "real-middle"]
+        kept = [r["exact"] for r in rows if r["method"] == method and r["budget"] == at and r["task"] == "real"]
+        a, b = sum(cut) / len(cut), (sum(kept) / len(kept) if kept else 0.0)
+        lines.append(
+            f"{'PASS' if a >= b else 'FAIL'} B={at} --long sections: {method} answers {a:.0%} of the {len(cut)} "
+            f"questions whose passage the middle cut would leave out, {b:.0%} of the {len(kept)} it keeps "
+            "(target: at least as many)"
         )
     answered = [r for r in rows if r["method"] == method and r.get("support") in ("located", "unsupported")]
     if answered:

@@ -38,6 +38,7 @@ from cake_cli.cli.bench_options import (
     suite_from,
 )
 from cake_cli.engine.methods import METHODS
+from cake_cli.errors import UsageError
 
 bench_app = typer.Typer(**HELP_STYLE, no_args_is_help=True, help="Benchmarks that print numbers.")
 app.add_typer(bench_app, name="bench")
@@ -75,6 +76,15 @@ def quality(
             help="--suite real: the set's document ids to ask, comma-separated (default: every installed one).",
         ),
     ] = None,
+    long: Annotated[
+        str,
+        typer.Option(
+            "--long",
+            metavar="MODE",
+            help="--suite real, a document longer than the context: middle (cut, as `cake qa` does by default) or "
+            "sections (read in sections, as `cake qa --long sections`).",
+        ),
+    ] = "middle",
     tasks: Tasks = None,
     lengths: Lengths = None,
     depths: Depths = None,
@@ -106,8 +116,10 @@ def quality(
     progress to stderr."""
     with handled():
         if suite == "real":
-            chosen = real_suite_from(lengths, documents, quick, tasks=tasks, depths=depths, repeats=repeats)
+            chosen = real_suite_from(lengths, documents, quick, long, tasks=tasks, depths=depths, repeats=repeats)
         else:
+            if long != "middle":
+                raise UsageError("--long applies to --suite real only", "add --suite real, or leave --long out")
             chosen = suite_from(QUICK_SUITE if quick else EVAL_SUITE, tasks, lengths, depths, repeats, suite, documents)
         sizes = int_list(budgets or ("128,256,512" if quick else "64,128,256,512,1024"), "--budgets")
         variants = parse_variants(methods, pairings)

@@ -56,7 +56,11 @@ def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
         "lengths": list(suite.lengths),
         "depths": list(suite.depths),
         "repeats": suite.repeats,
-        **({"documents": list(suite.documents), "quick": suite.quick} if isinstance(suite, RealSuite) else {}),
+        **(
+            {"documents": list(suite.documents), "quick": suite.quick, "long": suite.long}
+            if isinstance(suite, RealSuite)
+            else {}
+        ),
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),

@@ -13,6 +13,12 @@ The QA task (SQuAD / HotpotQA, LongBench-like) scores the token F1 of the normal
 against each gold answer (lower case, punctuation and articles a/an/the removed, whitespace
 collapsed: the official SQuAD v1.1 `normalize_answer`), taking the best gold answer.
 
+The real-document suite (`--suite real`, `bench.real_docs`) reads each reply apart into its short
+answer, its cited passage and whether it abstained (`tasks.answers.cite`). A question whose answer
+the model read scores the F1 (and exact rule) of the short answer against its gold answers, 0
+when the model abstained; a question it should abstain on (not in the document, or in the part
+the middle cut left out) scores 1 for an abstention and 0 for any answer (abstention accuracy).
+
 All scores are fractions in [0, 1]; reports multiply by 100.
 """
 
@@ -32,6 +38,14 @@ PARTIAL_WEIGHT = 0.2  # NeedleBench: weight of the Levenshtein similarity when t
 # the three needle tasks and give the QA task a quarter of the total: 0.75 x (0.4, 0.3, 0.3) + 0.25.
 NEEDLE_WEIGHTS: dict[str, float] = {"s-rt": 0.4, "m-rt": 0.3, "m-rs": 0.3}
 TASK_WEIGHTS: dict[str, float] = {"s-rt": 0.3, "m-rt": 0.225, "m-rs": 0.225, "qa": 0.25}
+
+# The real-document suite's row tasks: the answer is in the prompt ("real"), it is not in the
+# document ("real-absent"), it is in the part the middle cut left out ("real-cut": abstain), or
+# in the part the middle cut would leave out, read with --long sections ("real-middle": answer).
+# Overall (renormalised over the tasks present): with the middle cut, half answers and half
+# abstentions, so a model that always abstains scores at most 50.
+REAL_WEIGHTS: dict[str, float] = {"real": 0.5, "real-middle": 0.25, "real-absent": 0.25, "real-cut": 0.25}
+ABSTAIN_TASKS = ("real-absent", "real-cut")
 
 _WS = re.compile(r"\s+")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -130,6 +144,26 @@ def exact_answer(task: str, prediction: str, references: Sequence[str], keywords
     if not keywords:
         raise ValueError("a needle case needs its keywords")
     return float(all(k.lower() in prediction.lower() for k in keywords))
+
+
+def real_scores(answer: str, abstained: bool, answers: Sequence[str]) -> tuple[float, float]:
+    """(score, exact) of one cited reply on the real-document suite.
+
+    Args:
+        answer: the reply's short answer (without its passage; `tasks.answers.cite.parse_cited`).
+        abstained: the reply says the document does not hold the answer.
+        answers: the gold answers; empty when the model should abstain (the answer is not in the
+            document, or not in the part of it the model read).
+
+    Returns:
+        Answerable: (F1, exact) against the gold answers, (0, 0) for an abstention. Otherwise the
+        abstention's accuracy twice: (1, 1) when it abstained, (0, 0) when it answered.
+    """
+    if not answers:
+        return (1.0, 1.0) if abstained else (0.0, 0.0)
+    if abstained or not answer.strip():
+        return 0.0, 0.0
+    return qa_f1(answer, answers), exact_answer("qa", answer, answers, ())
 
 
 def weighted_overall(task_scores: Mapping[str, float], weights: Mapping[str, float] = TASK_WEIGHTS) -> float:

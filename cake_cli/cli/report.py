@@ -123,9 +123,41 @@ def summary_table(r: RunResult) -> Table:
     _row(t, "output", f"{r.generated_tokens} tokens, stopped by {STOPS.get(r.stop_reason, r.stop_reason)}")
     if r.cache is not None:
         _row(t, "saved cache", cache_text(r.cache))
-    if load_template(r.task).locate:  # a template that quotes its passage (needle search)
-        t.add_row("location", location_text(r.location))
+    if r.support is not None or load_template(r.task).locate:  # a template that cites its passage (qa, needle)
+        t.add_row("location", support_text(r))
+    if r.dropped is not None:
+        t.add_row("not read", dropped_text(r))
+    if r.sections:
+        t.add_row("sections", sections_text(r))
     return t
+
+
+def support_text(r: RunResult) -> Text:
+    """The passage behind an answer: located (page, offsets, quote), unsupported (why) or abstained."""
+    s = r.support
+    if s is None or s.status == "located":
+        return location_text(r.location)
+    if s.status == "abstained":
+        said = "abstained: the model says the document does not hold the answer"
+        return Text(said + (f"; {s.reason}" if s.reason else ""), style="yellow" if s.reason else "")
+    why = "not found in the document" if s.reason.startswith("no passage") else s.reason
+    return Text(f"UNSUPPORTED: {why} (see the warning)", style="bold yellow")
+
+
+def dropped_text(r: RunResult) -> Text:
+    """What the middle cut left out of the prompt (the answer cannot come from there)."""
+    d = r.dropped
+    return Text(f"{d.tokens} document tokens cut from the middle: {d.describe()}; --long sections reads them", "yellow")
+
+
+def sections_text(r: RunResult) -> Text:
+    """--long sections: each section's pages or characters and whether its answer was kept."""
+    parts = []
+    for s in r.sections:
+        where = f"pages {s.pages}" if s.pages else f"characters {s.start}-{s.end}"
+        state = s.support.status if s.support is not None else "summarized"
+        parts.append(f"{s.index}: {where} ({s.document_tokens} tokens) {state}{' · kept' if s.kept else ''}")
+    return Text(f"{len(r.sections)} sections, each prefilled on its own · " + " · ".join(parts))
 
 
 def layer_table(layers: tuple[LayerResult, ...], width: int, rows: str = "window rows") -> Table:

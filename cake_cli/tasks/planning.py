@@ -30,7 +30,9 @@ from cake_cli.tasks.request import (
     DEFAULT_METHOD,
     DEFAULT_POOL,
     DEFAULT_WINDOW,
+    LONG_MODES,
     PREFIX_TEMPLATE,
+    SECTIONS,
     Callbacks,
     Plan,
     TaskRequest,
@@ -102,6 +104,12 @@ def check_request(request: TaskRequest) -> None:
         check_lines(request.max_lines)
     if request.at_line is not None:
         check_at_line(request.at_line)
+    if request.long not in LONG_MODES:
+        raise UsageError(f"unknown --long mode '{request.long}'", f"choose one of {', '.join(LONG_MODES)}")
+    if request.long == SECTIONS and request.truncate == "error":
+        raise UsageError(
+            "--long sections reads a long document whole, --truncate error refuses it", "give only one of them"
+        )
 
 
 def plan(request: TaskRequest, cb: Callbacks | None = None) -> Plan:
@@ -119,6 +127,9 @@ def plan(request: TaskRequest, cb: Callbacks | None = None) -> Plan:
     if saved is not None:
         request = settle(request, saved)
     template = load_template(PREFIX_TEMPLATE if request.task == COMPRESS else request.task)
+    if request.long == SECTIONS and (saved is not None or template.output != "text"):
+        what = "a .cake file (it holds one compressed prefix)" if saved is not None else f"task '{request.task}'"
+        raise UsageError(f"--long sections cannot read {what}", "leave --long out, or give the document itself")
     check_inputs(
         template, request.truncate, request.fields if request.task != COMPRESS else dict.fromkeys(template.fields, "-")
     )

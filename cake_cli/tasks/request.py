@@ -30,6 +30,8 @@ DEFAULT_BUDGET, DEFAULT_METHOD = (
     1024,
     "cake",
 )  # tokens per layer, window included: `--budget 1024` of docs/method.md §Design card
+LONG_MODES = ("middle", "sections")  # --long: cut the middle out of a too-long document, or read it in sections
+MIDDLE, SECTIONS = LONG_MODES
 COMPRESS = "compress"  # `cake compress`'s task: the shared prefix of PREFIX_TEMPLATE, no generation
 PREFIX_TEMPLATE = "qa"  # whose prefix `cake compress` saves (every chat task template starts with the same block)
 
@@ -64,6 +66,7 @@ class TaskRequest:
     at_line: int | None = None  # code completion: the context is the document up to this 1-based line
     max_lines: int | None = None  # code answers: most lines kept (None: code.DEFAULT_LINES)
     threads: int | None = None  # torch CPU threads for prefill and decoding (None: `tasks.threads` auto)
+    long: str = MIDDLE  # a document longer than the context: "middle" (cut, with a warning) or "sections"
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Plan:
     max_new_tokens: int  # generation allowance, tokens
     warnings: tuple[str, ...]  # shown as they happened; the result carries them too
     saved: SavedCache | None = None  # the .cake file given in place of a document (checked)
+    section: tuple[int, int] | None = None  # --long sections: `text` is doc.text[start:end] (offsets are the doc's)
 
     @property
     def evicts(self) -> bool:

@@ -49,6 +49,53 @@ class Location:
 
 
 @dataclass(frozen=True)
+class Support:
+    """How an answer is backed by the document (templates with `locate: true`: qa, needle;
+    `tasks.answers.cite`)."""
+
+    status: str  # "located" (its passage is in the document), "unsupported" (no passage found) or "abstained"
+    answer: str  # the short answer, without its quoted passage ("" when abstained)
+    passage: str  # the passage the model quoted ("" when it quoted none: the answer itself was looked for)
+    reason: str = ""  # one line: why unsupported, or what an abstention means after a middle cut
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """The part of the document the middle cut left out of the prompt (the model never read it).
+    Offsets are Python str indices into the loaded document text."""
+
+    start: int  # first character not read
+    end: int  # one past the last character not read
+    length: int  # the document's characters
+    tokens: int  # document tokens left out
+    pages: str | None  # PDF pages that part touches, e.g. "21-44" (None for text)
+
+    def describe(self) -> str:
+        """'characters 68012-101990 (40.0%-60.0% of the document, pages 30-44)'."""
+        n = max(self.length, 1)
+        pages = f", pages {self.pages}" if self.pages else ""
+        share = f"{100 * self.start / n:.1f}%-{100 * self.end / n:.1f}% of the document"
+        return f"characters {self.start}-{self.end} ({share}{pages})"
+
+
+@dataclass(frozen=True)
+class SectionAnswer:
+    """One section of a document read with `--long sections`: where it is and what it gave."""
+
+    index: int  # 1-based
+    start: int  # first character of the section in the document text
+    end: int  # one past its last character
+    pages: str | None  # PDF pages it spans, e.g. "1-12" (None for text)
+    document_tokens: int  # the section's tokens
+    answer: str  # what the model generated on this section
+    support: Support | None  # qa: located / unsupported / abstained (None for summarize)
+    location: Location | None  # qa: the located passage (document offsets)
+    kept: bool  # qa: the answer is kept (its passage was found); summarize: always
+    prefill_seconds: float
+    decode_seconds: float
+
+
+@dataclass(frozen=True)
 class CacheInfo:
     """How a run used a compressed document prefix (`cake compress`, a .cake input, chat, qa -q).
     Bytes measured (file size on disk, KV tensors), times in seconds."""
@@ -178,6 +225,9 @@ class RunResult(PrefillSummary):
     raw_answer: str | None = None  # code completion: the generated text before code-only cleaning
     cache: CacheInfo | None = None  # set when the run continued a compressed prefix
     question: str | None = None  # the question, for runs that answer several (qa -q, chat)
+    support: Support | None = None  # qa / needle: located, unsupported or abstained (None: the task cites nothing)
+    dropped: Dropped | None = None  # what the middle cut left out (None: the whole document was read)
+    sections: tuple[SectionAnswer, ...] = ()  # --long sections: every section (the run's figures add them up)
 
     @property
     def decode_tokens_per_second(self) -> float:

@@ -20,11 +20,11 @@ from cake_cli.engine.families import UnsupportedModelError, attention_layout, su
 from cake_cli.engine.generate import GenerationResult, decode, prefill
 from cake_cli.errors import CakeError
 from cake_cli.models.loader import LoadedModel, load_model
+from cake_cli.tasks.answers.cite import ABSTAINED, find_support
 from cake_cli.tasks.answers.completion import DEFAULT_LINES, CodeFilter, filter_code
-from cake_cli.tasks.answers.locate import THRESHOLD, content_words, locate, missing_words
-from cake_cli.tasks.inputs.documents import page_of_offset
+from cake_cli.tasks.inputs.documents import page_of_offset, pages_of_range
 from cake_cli.tasks.request import Callbacks, Plan, TaskRequest
-from cake_cli.tasks.results import Location, RunResult, summary_fields
+from cake_cli.tasks.results import Dropped, Location, RunResult, Support, summary_fields
 from cake_cli.tasks.templates import Prompt, build_prompt
 from cake_cli.tasks.threads import Threads, choose, decode_following_load
 from cake_cli.tasks.threads import using as threads_using
@@ -106,8 +106,15 @@ def prepare(plan: Plan, cb: Callbacks, model: ReadyModel | None = None) -> Prepa
         )
     request = plan.request
     limit = prompt_limit(loaded, plan.max_new_tokens)
+    pages = partial(pages_of_range, plan.doc) if plan.text == plan.doc.text else None  # offsets of doc.text
     prompt = build_prompt(
-        loaded.tokenizer, plan.template, plan.text, max_prompt_tokens=limit, truncate=request.truncate, **request.fields
+        loaded.tokenizer,
+        plan.template,
+        plan.text,
+        max_prompt_tokens=limit,
+        truncate=request.truncate,
+        pages=pages,
+        **request.fields,
     )
     for message in prompt.warnings:
         cb.warn(warnings, message)
@@ -203,8 +210,10 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
                 prep.warnings,
                 "the model produced no code (only prose, fences or blank lines); see raw_answer in --json",
             )
+    support, dropped = None, dropped_part(prep)
     if template.locate:
-        location = _locate(answer, plan, cb, prep.warnings)
+        scope = dict(text=plan.text, offset=plan.section[0]) if plan.section is not None else {}
+        location, support = check_support(answer, plan, cb, prep.warnings, dropped, **scope)
     return RunResult(
         **run_summary(prep, result),
         task=request.task,
@@ -222,6 +231,8 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
         warnings=tuple(prep.warnings),
         location=location,
         raw_answer=raw_answer,
+        support=support,
+        dropped=dropped,
     )
 
 
@@ -290,17 +301,50 @@ def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None, done=No
     return result
 
 
-def _locate(answer: str, plan: Plan, cb: Callbacks, warnings: list[str]) -> Location | None:
-    """The answer's location in the document, or None with a warning (below the threshold)."""
-    query = plan.request.fields.get("query", "")
-    location, score = locate(answer, plan.doc.text, page_of=partial(page_of_offset, plan.doc), query=query)
-    extra = missing_words(location.text, content_words(answer, query)) if location else []
-    if extra:
-        cb.warn(warnings, f"the quote differs from the document: {', '.join(extra)} not in the located passage")
-    if location is None:
-        cb.warn(
-            warnings,
-            f"no passage of the document holds the answer's content (best similarity {score:.0f}, at least "
-            f"{THRESHOLD:.0f} needed, and the answer's own words beyond the query): no location reported",
+def dropped_part(prep: Prepared) -> Dropped | None:
+    """What the middle cut left out of the prepared prompt (None: the whole document is in it), in
+    document offsets (a section's cut is shifted by where the section starts)."""
+    cut = prep.prompt.dropped
+    if cut is None:
+        return None
+    plan, doc = prep.plan, prep.plan.doc
+    base = plan.section[0] if plan.section is not None else 0
+    start, end = cut[0] + base, cut[1] + base
+    whole = plan.section is not None or plan.text == doc.text  # offsets of doc.text: pages known
+    tokens = prep.prompt.original_document_tokens - prep.prompt.document_tokens
+    length = len(doc.text) if whole else len(plan.text)
+    return Dropped(start, end, length, tokens, pages_of_range(doc, start, end) if whole else None)
+
+
+def check_support(
+    answer: str, plan: Plan, cb: Callbacks, warnings: list[str], dropped: Dropped | None = None, text=None, offset=0
+) -> tuple[Location | None, Support]:
+    """Read a cited answer and find its passage in the document (`tasks.answers.cite.find_support`):
+    "located", "unsupported" (with a warning saying why) or "abstained" (with a warning when the
+    middle cut left part of the document unread).
+
+    Args:
+        answer: the generated reply.
+        text: the text to look in (default the whole document); `offset`: where it starts in the
+            document text (a section of `--long sections`), so the location's offsets are the document's.
+    """
+    fields = plan.request.fields
+    location, support, notes = find_support(
+        answer,
+        plan.doc.text if text is None else text,
+        query=fields.get("query", fields.get("question", "")),
+        page_of=partial(page_of_offset, plan.doc),
+        offset=offset,
+        length=len(plan.doc.text),
+        unread=(dropped.start, dropped.end) if dropped is not None else None,
+    )
+    for note in notes:
+        cb.warn(warnings, note)
+    if support.status == ABSTAINED and dropped is not None:
+        reason = (
+            f"the answer is not in the part read: the middle cut left out {dropped.describe()}, "
+            "which may hold it (use --long sections to read it)"
         )
-    return location
+        cb.warn(warnings, f"the model says the document does not hold the answer, but {reason}")
+        support = replace(support, reason=reason)
+    return location, support

@@ -67,6 +67,7 @@ class Prompt:
     warnings: tuple[str, ...]
     prefix_tokens: int = 0  # the first prefix_tokens ids: chat opening + document block (`split_at`)
     document_text: str = ""  # the document as used (middle-cut when truncated)
+    dropped: tuple[int, int] | None = None  # characters [start, end) of the document the middle cut left out
 
     @property
     def truncated(self) -> bool:
@@ -233,9 +234,31 @@ def render_split(tokenizer, template: Template, document: str, **fields: str) ->
 
 def middle_cut(tokenizer, text: str, keep_tokens: int) -> str:
     """Keep the first and last keep_tokens / 2 tokens of `text` (LongBench-style), joined by ' … '."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    cut, _ = cut_middle(tokenizer, text, keep_tokens)
+    return cut
+
+
+def cut_middle(tokenizer, text: str, keep_tokens: int) -> tuple[str, tuple[int, int]]:
+    """`middle_cut` with the part left out: (cut text, (start, end) character offsets of `text` dropped).
+
+    The head and tail are slices of `text` itself at token boundaries (the tokenizer's offset
+    mapping when it has one, else the decoded lengths), so offsets into the kept parts are offsets
+    into `text`.
+    """
     head, tail = keep_tokens // 2, keep_tokens - keep_tokens // 2
-    return tokenizer.decode(ids[:head]) + " … " + (tokenizer.decode(ids[-tail:]) if tail else "")
+    try:
+        spans = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    except (NotImplementedError, TypeError, KeyError, ValueError):  # a slow tokenizer has no offsets
+        spans = None
+    if spans:
+        start = spans[head - 1][1] if head > 0 else 0
+        end = spans[-tail][0] if 0 < tail <= len(spans) else len(text)
+    else:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        start = len(tokenizer.decode(ids[:head]))
+        end = len(text) - (len(tokenizer.decode(ids[-tail:])) if tail else 0)
+    start, end = min(start, len(text)), max(min(end, len(text)), min(start, len(text)))
+    return text[:start] + " … " + text[end:], (start, end)
 
 
 def check_inputs(template: Template, truncate: str, fields: dict[str, str]) -> None:
@@ -252,7 +275,14 @@ def check_inputs(template: Template, truncate: str, fields: dict[str, str]) -> N
 
 
 def build_prompt(
-    tokenizer, template: Template, document: str, *, max_prompt_tokens: int, truncate: str = "middle", **fields: str
+    tokenizer,
+    template: Template,
+    document: str,
+    *,
+    max_prompt_tokens: int,
+    truncate: str = "middle",
+    pages=None,
+    **fields: str,
 ) -> Prompt:
     """Render `document` into the template and the chat template; middle-truncate if too long.
 
@@ -262,10 +292,12 @@ def build_prompt(
         document: normalised document text.
         max_prompt_tokens: the model's prompt limit, tokens.
         truncate: "middle" (keep head and tail of the document, warn) or "error".
+        pages: optional function (start, end) -> the PDF pages of that character range ("30-44"),
+            named in the middle cut's warning with the character offsets left out.
         fields: the template's fields, e.g. question=...; only the document is ever truncated.
 
     Returns:
-        Prompt with token ids and truncation facts.
+        Prompt with token ids and truncation facts (`Prompt.dropped`: the characters left out).
 
     Raises:
         UsageError: unknown truncate mode, or a template field missing.
@@ -273,7 +305,7 @@ def build_prompt(
             does not fit.
     """
     check_inputs(template, truncate, fields)
-    return fit_prompt(tokenizer, template, document, max_prompt_tokens, truncate, fields)
+    return fit_prompt(tokenizer, template, document, max_prompt_tokens, truncate, fields, pages)
 
 
 def build_prefix(tokenizer, template: Template, document: str, *, max_prompt_tokens: int, truncate: str) -> Prompt:
@@ -288,9 +320,10 @@ def build_prefix(tokenizer, template: Template, document: str, *, max_prompt_tok
     return fit_prompt(tokenizer, template, document, max_prompt_tokens, truncate, None)
 
 
-def fit_prompt(tokenizer, template: Template, document: str, limit: int, truncate: str, fields) -> Prompt:
+def fit_prompt(tokenizer, template: Template, document: str, limit: int, truncate: str, fields, pages=None) -> Prompt:
     """Render and middle-cut the document until the prompt fits `limit` tokens; `fields` None: the
-    prefix only (the template's fields rendered empty)."""
+    prefix only (the template's fields rendered empty). `pages(start, end)`: the PDF pages of a
+    character range, e.g. "30-44" (None or "" for text), named in the cut's warning."""
 
     def render(text: str) -> tuple[list[int], int]:  # (ids, prefix length)
         prefix, suffix = render_split(tokenizer, template, text, **(fields or dict.fromkeys(template.fields, "")))
@@ -310,14 +343,19 @@ def fit_prompt(tokenizer, template: Template, document: str, limit: int, truncat
             else "the template and question alone do not fit; shorten the question",
         )
     while True:
-        cut = middle_cut(tokenizer, document, room)
+        cut, dropped = cut_middle(tokenizer, document, room)
         ids, head = render(cut)
         if len(ids) <= limit:
             break
         room -= len(ids) - limit + 4
     kept = len(tokenizer(cut, add_special_tokens=False)["input_ids"])
+    where = f"characters {dropped[0]}-{dropped[1]}"
+    if document:
+        where += f" ({100 * dropped[0] / len(document):.1f}%-{100 * dropped[1] / len(document):.1f}% of the document"
+        where += f", pages {pages(*dropped)})" if pages and pages(*dropped) else ")"
     warning = (
         f"document truncated in the middle from {doc_tokens} to {kept} tokens to fit the model's "
-        f"{limit}-token prompt limit (use --truncate error to refuse instead)"
+        f"{limit}-token prompt limit: {where} were not read (use --long sections to read them, or "
+        "--truncate error to refuse)"
     )
-    return Prompt(tuple(ids), kept, doc_tokens, (warning,), head, cut)
+    return Prompt(tuple(ids), kept, doc_tokens, (warning,), head, cut, dropped)

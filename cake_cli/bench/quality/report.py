@@ -21,23 +21,28 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cake_cli.bench.scoring import TASK_WEIGHTS, weighted_overall
+from cake_cli.bench.scoring import ABSTAIN_TASKS, TASK_WEIGHTS, weighted_overall
 from cake_cli.bench.suites import CASE_DRAW, result_key
 from cake_cli.errors import CakeError, UsageError
 from cake_cli.files import write_atomic
 
 FORMAT = "cake-bench-quality"
 FORMAT_VERSION = 1
-META_MUST_MATCH = ("model", "split", "haystack", "window", "dtype")  # a resumed file must agree on these
+META_MUST_MATCH = ("model", "split", "haystack", "window", "dtype", "long")  # a resumed file must agree on these
 OLD_DRAW = 1  # the case draw of files whose meta predates the "draw" field
 TASK_TITLES = {
     "s-rt": "single-needle retrieval (S-RT)",
     "m-rt": "multi-needle retrieval (M-RT)",
     "m-rs": "multi-needle reasoning (M-RS)",
     "qa": "QA, SQuAD + HotpotQA (F1)",
+    "real": "real documents, answer in the text read (F1)",
+    "real-absent": "real documents, answer not in the document (abstention accuracy)",
+    "real-cut": "real documents, answer in the part the middle cut left out (abstention accuracy)",
+    "real-middle": "real documents, answer where the middle cut would cut, read in sections (F1)",
     "overall": "overall",
 }
 
@@ -200,16 +205,18 @@ def summarize(
     budgets: list[int] | None = None,
     versus: str = "cake",
     metric: str = "score",
+    weights: Mapping[str, float] = TASK_WEIGHTS,
 ) -> Summary:
     """Average the rows (see the module docstring); `methods` / `budgets` fix the order shown;
     `versus` is the method whose paired wins / ties / losses against each other method are counted;
     `metric` is the row field averaged: "score" (NeedleBench / F1) or "exact" (exact-answer
-    accuracy; rows without it are left out)."""
+    accuracy; rows without it are left out); `weights`: the tasks and their weights in the overall
+    score (`scoring.REAL_WEIGHTS` for the real-document suite)."""
     rows = [r for r in rows if r.get(metric) is not None]
     methods = methods or list(dict.fromkeys(r["method"] for r in rows))
     budgets = budgets or sorted({r["budget"] for r in rows if r["budget"] is not None})
     lengths = sorted({r["length"] for r in rows})
-    tasks = [t for t in TASK_WEIGHTS if any(r["task"] == t for r in rows)]
+    tasks = [t for t in weights if any(r["task"] == t for r in rows)]
     acc: dict = defaultdict(list)
     for r in rows:
         for b in [r["budget"]] if r["budget"] is not None else budgets:
@@ -222,7 +229,7 @@ def summarize(
             for n in (None, *lengths):
                 per_task = {t: scores[(t, m, b, n)] for t in tasks if (t, m, b, n) in scores}
                 if per_task:
-                    scores[("overall", m, b, n)] = weighted_overall(per_task)
+                    scores[("overall", m, b, n)] = weighted_overall(per_task, weights)
                     cases[("overall", m, b, n)] = sum(cases[(t, m, b, n)] for t in per_task)
     paired = paired_counts(rows, versus, methods, budgets, metric=metric) if versus in methods else {}
     return Summary(
@@ -273,6 +280,62 @@ def target_checks(summary: Summary, method: str = "cake", targets=TARGETS) -> li
         lines.append(
             f"{verdict} B={at_budget} at {length} tokens: {method} {fmt_score(mine)} vs full {fmt_score(full)} "
             f"({share} of full; target {ratio:.0%})"
+        )
+    return lines
+
+
+REAL_TARGETS = (  # the real-document suite's targets (issue 24)
+    (1024, 0.60, 0.70),  # at B: share of answerable questions answered right (exact), share of abstentions
+    (256, 0.90),  # at B: CAKE's overall exact accuracy as a share of the full cache's
+)
+
+
+def real_target_checks(rows: list[dict], exact: Summary, method: str = "cake") -> list[str]:
+    """The real-document suite's PASS / FAIL lines: `method` at B = 1024 answers >= 60% of the
+    answerable questions right (exact) and abstains on >= 70% of the others; at B = 256 it keeps
+    >= 90% of the full cache's overall exact accuracy; and the share of its answers (at every budget)
+    that cite a passage found in the document, the rest being flagged unsupported."""
+    (budget, right, abstain), (low, keep) = REAL_TARGETS
+    lines = []
+    mine = [r for r in rows if r["method"] == method and r["budget"] == budget]
+    answerable = [r["exact"] for r in mine if r["task"] == "real"]
+    unanswerable = [r["exact"] for r in mine if r["task"] in ABSTAIN_TASKS]
+    if answerable:
+        share = sum(answerable) / len(answerable)
+        lines.append(
+            f"{'PASS' if share >= right else 'FAIL'} B={budget}: {method} answers {share:.0%} of the "
+            f"{len(answerable)} answerable questions right (exact; target {right:.0%})"
+        )
+    if unanswerable:
+        share = sum(unanswerable) / len(unanswerable)
+        lines.append(
+            f"{'PASS' if share >= abstain else 'FAIL'} B={budget}: {method} abstains on {share:.0%} of the "
+            f"{len(unanswerable)} questions it should abstain on (target {abstain:.0%})"
+        )
+    full, cake = exact.get("overall", "full", low), exact.get("overall", method, low)
+    if full is not None and cake is not None:
+        share = cake / full if full > 0 else 1.0
+        lines.append(
+            f"{'PASS' if share >= keep else 'FAIL'} B={low}: {method} {fmt_score(cake)} vs full {fmt_score(full)} "
+            f"overall exact ({share:.0%} of full; target {keep:.0%})"
+        )
+    middle = sorted({r["budget"] for r in rows if r["method"] == method and r["task"] == "real-middle"})
+    if middle:  # --long sections: the questions the middle cut would lose, against those it keeps
+        at = budget if budget in middle else middle[-1]
+        cut = [r["exact"] for r in rows if r["method"] == method and r["budget"] == at and r["task"] == "real-middle"]
+        kept = [r["exact"] for r in rows if r["method"] == method and r["budget"] == at and r["task"] == "real"]
+        a, b = sum(cut) / len(cut), (sum(kept) / len(kept) if kept else 0.0)
+        lines.append(
+            f"{'PASS' if a >= b else 'FAIL'} B={at} --long sections: {method} answers {a:.0%} of the {len(cut)} "
+            f"questions whose passage the middle cut would leave out, {b:.0%} of the {len(kept)} it keeps "
+            "(target: at least as many)"
+        )
+    answered = [r for r in rows if r["method"] == method and r.get("support") in ("located", "unsupported")]
+    if answered:
+        located = sum(r["support"] == "located" for r in answered)
+        lines.append(
+            f"INFO {method}: {located} of {len(answered)} answers ({located / len(answered):.0%}) cite a passage "
+            "found in the document; the others are flagged unsupported"
         )
     return lines
 

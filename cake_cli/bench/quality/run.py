@@ -150,7 +150,7 @@ def run_grid(
             config = variant.config(configs[budget]) if budget is not None else None
             start = time.perf_counter()
             state = replay(rec, config)
-            same = _kept_key(state, config)
+            same = kept_key(state, config)
             if same not in answers:  # identical kept tokens and decode settings -> identical answer
                 out = decode(model.model, ids, state, config, max_new_tokens=new_tokens, stop_ids=model.stop_ids)
                 answers[same] = model.tokenizer.decode(list(out.token_ids), skip_special_tokens=True).strip()
@@ -198,7 +198,7 @@ def uses_taus(config) -> bool:
     return config is not None and ALLOCATIONS[config.allocation].uses_stats
 
 
-def _kept_key(state, config) -> tuple:
+def kept_key(state, config) -> tuple:
     """What determines a greedy answer after prefill: the tokens each layer kept (positions of
     every KV head) and the settings the decode policy reads (indicator, pooling, gamma, window,
     and the budget, which sets the decode capacity when nothing was evicted)."""

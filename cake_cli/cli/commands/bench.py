@@ -34,9 +34,11 @@ from cake_cli.cli.bench_options import (
     float_list,
     grid_setup,
     int_list,
+    real_suite_from,
     suite_from,
 )
 from cake_cli.engine.methods import METHODS
+from cake_cli.errors import UsageError
 
 bench_app = typer.Typer(**HELP_STYLE, no_args_is_help=True, help="Benchmarks that print numbers.")
 app.add_typer(bench_app, name="bench")
@@ -57,6 +59,32 @@ def quality(
             "Default: 64,128,256,512,1024 (--quick: 128,256,512).",
         ),
     ] = None,
+    suite: Annotated[
+        str,
+        typer.Option(
+            metavar="NAME",
+            help="needle: NeedleBench-style retrieval and SQuAD/HotpotQA (synthetic haystacks); real: questions on "
+            "real documents that Debian packages and CPython ship (bench/data/real_qa.yaml), answered as `cake qa` "
+            "answers them: F1 and exact against gold, abstention accuracy on the unanswerable ones.",
+        ),
+    ] = "needle",
+    documents: Annotated[
+        str | None,
+        typer.Option(
+            metavar="LIST",
+            show_default=False,
+            help="--suite real: the set's document ids to ask, comma-separated (default: every installed one).",
+        ),
+    ] = None,
+    long: Annotated[
+        str,
+        typer.Option(
+            "--long",
+            metavar="MODE",
+            help="--suite real, a document longer than the context: middle (cut, as `cake qa` does by default) or "
+            "sections (read in sections, as `cake qa --long sections`).",
+        ),
+    ] = "middle",
     tasks: Tasks = None,
     lengths: Lengths = None,
     depths: Depths = None,
@@ -82,14 +110,21 @@ def quality(
     json_out: o.Json = False,
 ) -> None:
     """Answer quality of each method x budget x context length on NeedleBench-style tasks (single- and
-    multi-needle retrieval, multi-needle reasoning; Levenshtein scoring) and SQuAD/HotpotQA QA (F1).
-    One prefill per case is recorded and replayed for every method and budget. Tables go to stdout
-    (or one JSON object with --json), progress to stderr."""
+    multi-needle retrieval, multi-needle reasoning; Levenshtein scoring) and SQuAD/HotpotQA QA (F1),
+    or (--suite real) on questions about real documents. One prefill per case is recorded and
+    replayed for every method and budget. Tables go to stdout (or one JSON object with --json),
+    progress to stderr."""
     with handled():
-        suite = suite_from(QUICK_SUITE if quick else EVAL_SUITE, tasks, lengths, depths, repeats)
+        if suite == "real":
+            chosen = real_suite_from(lengths, documents, quick, long, tasks=tasks, depths=depths, repeats=repeats)
+        else:
+            if long != "middle":
+                raise UsageError("--long applies to --suite real only", "add --suite real, or leave --long out")
+            chosen = suite_from(QUICK_SUITE if quick else EVAL_SUITE, tasks, lengths, depths, repeats, suite, documents)
         sizes = int_list(budgets or ("128,256,512" if quick else "64,128,256,512,1024"), "--budgets")
         variants = parse_variants(methods, pairings)
-        setup = grid_setup(model, window, dtype, attention, threads, haystack, suite, sizes, variants, output, json_out)
+        where = (haystack, chosen, sizes, variants, output, json_out)
+        setup = grid_setup(model, window, dtype, attention, threads, *where)
         from cake_cli.cli.runners import bench as bench_run  # noqa: PLC0415 - torch loads after the checks
 
         bench_run.quality(setup, plot, markdown)

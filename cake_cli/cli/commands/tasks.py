@@ -23,7 +23,7 @@ from cake_cli.errors import UsageError
 from cake_cli.files import check_writable
 from cake_cli.tasks.answers.completion import DEFAULT_LINES
 from cake_cli.tasks.planning import for_fields, plan
-from cake_cli.tasks.request import Callbacks, Plan, TaskRequest
+from cake_cli.tasks.request import MIDDLE, SECTIONS, Callbacks, Plan, TaskRequest
 
 Questions = Annotated[
     list[str] | None,
@@ -43,6 +43,17 @@ OptionalQuestion = Annotated[
         help="The question; it ends the prompt, inside CAKE's observation window. Or give -q once or more.",
         metavar="QUESTION",
         show_default=False,
+    ),
+]
+Long = Annotated[
+    str,
+    typer.Option(
+        "--long",
+        metavar="MODE",
+        help="A document longer than the model's context: middle cuts its middle out (the warning names the "
+        "pages / characters dropped); sections reads it in context-sized sections, each prefilled on its own "
+        "(summarize: the section summaries are combined; qa: the answers whose passage is found are kept, "
+        "with their pages).",
     ),
 ]
 LongQuiet = Annotated[bool, typer.Option("--quiet", help=o.Quiet.__metadata__[0].help, metavar="")]
@@ -123,6 +134,8 @@ def run_command(
         output = check_writable(opts.output, "--output") if opts.output else None  # before any model work
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(request, progress)
+        if questions and request.long == SECTIONS:
+            raise UsageError("--long sections answers one question at a time", "give one question, or leave --long out")
         plans = [for_fields(checked, {"question": q}) for q in questions] if questions else [checked]
         from cake_cli.cli.runners import tasks as run  # noqa: PLC0415 - torch loads after the checks
 
@@ -131,9 +144,9 @@ def run_command(
 
 @app.command()
 @with_options(TaskOptions)
-def summarize(document: o.Document = None, *, opts: TaskOptions) -> None:
+def summarize(document: o.Document = None, long: Long = MIDDLE, *, opts: TaskOptions) -> None:
     """Summarize a long document under a KV-cache budget; the summary streams to stdout, the report to stderr."""
-    run_command("summarize", document, {}, opts)
+    run_command("summarize", document, {}, opts, long=long)
 
 
 @app.command()
@@ -143,6 +156,7 @@ def qa(
     document: o.RequiredDocument,
     question: OptionalQuestion = None,
     questions: Questions = None,
+    long: Long = MIDDLE,
     *,
     opts: TaskOptions,
 ) -> None:
@@ -153,7 +167,8 @@ def qa(
     if not asked:
         with handled():
             raise UsageError("task 'qa' needs a question", "give it as an argument, or several with -q Q1 -q Q2")
-    run_command("qa", document, {"question": asked[0]}, opts, questions=asked if len(asked) > 1 else None)
+    multiple = asked if len(asked) > 1 else None
+    run_command("qa", document, {"question": asked[0]}, opts, questions=multiple, long=long)
 
 
 @app.command()

@@ -14,10 +14,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from cake_cli.bench.quality.plot import plot as draw
+from cake_cli.bench.quality.real import count_steps as count_real_steps
+from cake_cli.bench.quality.real import run_real
 from cake_cli.bench.quality.report import (
     check_resumable,
     load_results,
     of_setting,
+    real_target_checks,
     row_key,
     rows_as_dicts,
     save_results,
@@ -28,7 +31,9 @@ from cake_cli.bench.quality.run import Model as QualityModel
 from cake_cli.bench.quality.run import count_steps, expected_taus, run_grid
 from cake_cli.bench.quality.tables import markdown as to_markdown
 from cake_cli.bench.quality.tables import rich_tables
-from cake_cli.bench.suites import CASE_DRAW, cell_keys
+from cake_cli.bench.real_docs import load_set, open_documents
+from cake_cli.bench.scoring import REAL_WEIGHTS, TASK_WEIGHTS
+from cake_cli.bench.suites import CASE_DRAW, RealSuite, cell_keys
 from cake_cli.bench.tau_search import choose, write_profile_taus
 from cake_cli.cli.bench_options import GridSetup
 from cake_cli.cli.progress import console, stderr_console
@@ -53,6 +58,11 @@ def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
         "depths": list(suite.depths),
         "repeats": suite.repeats,
         "draw": CASE_DRAW,
+        **(
+            {"documents": list(suite.documents), "quick": suite.quick, "long": suite.long}
+            if isinstance(suite, RealSuite)
+            else {}
+        ),
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
@@ -61,6 +71,30 @@ def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         **extra,
     }
+
+
+def grid_rows(setup: GridSetup, rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(rows of this run's setting, the others) of a results file. NeedleBench/QA grids: the rows
+    whose resume key is one of the grid's cells, with the taus this run uses (`report.of_setting`);
+    the real-document suite: its methods, budgets, tasks, lengths and documents."""
+    if not isinstance(setup.suite, RealSuite):
+        cells, taus = (
+            cell_keys(setup.suite, setup.variants, list(setup.configs)),
+            expected_taus(setup.variants, setup.configs),
+        )
+        return of_setting(rows, cells, taus)
+    names, suite = {v.name for v in setup.variants}, setup.suite
+
+    def mine(r: dict) -> bool:
+        return (
+            r["method"] in names
+            and (r["budget"] is None or r["budget"] in setup.configs)
+            and r["task"] in suite.tasks
+            and r["length"] in suite.lengths
+            and (not suite.documents or r["source"] in suite.documents)
+        )
+
+    return [r for r in rows if mine(r)], [r for r in rows if not mine(r)]
 
 
 def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, dict, list[dict]]:
@@ -74,15 +108,21 @@ def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, di
     old_meta, rows = load_results(output) if output else ({}, [])
     if output:
         check_resumable(output, old_meta, meta)
-    cells, taus = cell_keys(setup.suite, setup.variants, budgets), expected_taus(setup.variants, setup.configs)
-    mine, others = of_setting(rows, cells, taus)
+    real = isinstance(setup.suite, RealSuite)
+    mine, others = grid_rows(setup, rows)
     if others:
         stderr_console().print(
             f"[dim]{escape(str(output))}: {len(others)} stored results of another setting (other tasks, lengths, "
             "depths, repeats, methods, budgets or taus) stay in the file and out of these tables[/]"
         )
     done = {row_key(r) for r in mine}
-    prefills, replays = count_steps(setup.suite, setup.variants, budgets, done)
+    if real:
+        documents, notes = open_documents(load_set(), list(setup.suite.documents) or None)
+        for note in notes:
+            stderr_console().print(f"[yellow]note:[/] {escape(note)}")
+        prefills, replays = count_real_steps(documents, setup.suite, setup.variants, budgets, done)
+    else:
+        prefills, replays = count_steps(setup.suite, setup.variants, budgets, done)
     if done:
         stderr_console().print(
             f"[dim]resuming {escape(str(output))}: {len(done)} results kept, {replays} answers in {prefills} "
@@ -101,20 +141,33 @@ def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, di
             bar.update(task, description=label)
             bar.advance(task)
 
-        run_grid(
-            runner_model,
-            setup.suite,
-            setup.variants,
-            budgets,
-            setup.configs.__getitem__,
-            haystack=setup.haystack,
-            done=done,
-            on_case=save,
-            on_step=step,
-        )
+        if real:
+            run_real(
+                runner_model,
+                documents,
+                setup.suite,
+                setup.variants,
+                budgets,
+                setup.configs.__getitem__,
+                done=done,
+                on_case=save,
+                on_step=step,
+            )
+        else:
+            run_grid(
+                runner_model,
+                setup.suite,
+                setup.variants,
+                budgets,
+                setup.configs.__getitem__,
+                haystack=setup.haystack,
+                done=done,
+                on_case=save,
+                on_step=step,
+            )
     if output:  # also when nothing was left to run: the meta then names the command behind the tables
         save_results(output, {**old_meta, **meta}, rows)
-    return loaded, meta, of_setting(rows, cells, taus)[0]
+    return loaded, meta, grid_rows(setup, rows)[0]
 
 
 def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
@@ -123,9 +176,11 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
     with using(setup.threads):
         loaded, meta, rows = run_setup("bench quality", setup, {"taus": taus})
     names, budgets = [v.name for v in setup.variants], list(setup.configs)
-    summary = summarize(rows, names, budgets)
-    exact = summarize(rows, names, budgets, metric="exact")
-    checks = target_checks(summary)
+    real = isinstance(setup.suite, RealSuite)
+    weights = REAL_WEIGHTS if real else TASK_WEIGHTS
+    summary = summarize(rows, names, budgets, weights=weights)
+    exact = summarize(rows, names, budgets, metric="exact", weights=weights)
+    checks = target_checks(summary) + (real_target_checks(rows, exact) if real else [])
     title = f"cake bench quality · {loaded.name}"
     output = setup.output
     png = plot or (output.with_suffix(".png") if output else None)

@@ -23,9 +23,19 @@ from cake_cli.models.profiles import model_spec
 from cake_cli.tasks.request import Callbacks, TaskRequest
 from cake_cli.tasks.runner import prompt_limit, ready_model, stop_token_ids
 from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING
+from cake_cli.tasks.templates import build_prompt, load_template
 from cake_cli.tasks.threads import using
 
-TEMPLATE_ALLOWANCE = 100  # prompt tokens that are not the document (chat opening, instruction, question)
+TEMPLATE_SLACK = 8  # tokens kept free where the document meets the template
+
+
+def template_allowance(tokenizer) -> int:
+    """Prompt tokens of the qa prompt that are not the document (chat opening, instruction, question)."""
+    template = load_template("qa")
+    return (
+        len(build_prompt(tokenizer, template, "", max_prompt_tokens=10**9, question=QUESTION).input_ids)
+        + TEMPLATE_SLACK
+    )
 
 
 def run(setup: CacheBenchSetup) -> None:
@@ -51,7 +61,9 @@ def run(setup: CacheBenchSetup) -> None:
         loaded = ready.loaded
         data["meta"].update(model=loaded.name, dtype=str(loaded.dtype).replace("torch.", ""), budget=budget)
         with tempfile.TemporaryDirectory(prefix="cake-bench-cache-") as tmp:
-            doc = document_file(loaded.tokenizer, python_docs_text(), length - TEMPLATE_ALLOWANCE, Path(tmp))
+            doc = document_file(
+                loaded.tokenizer, python_docs_text(), length - template_allowance(loaded.tokenizer), Path(tmp)
+            )
             cake = Path(tmp) / "document.cake"
             if "timing" in parts or "e2e" in parts:
                 data["timing"] = []

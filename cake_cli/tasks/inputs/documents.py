@@ -137,6 +137,16 @@ def page_of_offset(doc: Document, offset: int) -> int | None:
     return bisect.bisect_right(doc.page_offsets, offset)
 
 
+def pages_of_range(doc: Document, start: int, end: int) -> str | None:
+    """The PDF pages characters ``start .. end`` of ``doc.text`` touch, e.g. ``"30-44"`` or ``"7"``;
+    ``None`` for text. Offsets are clamped to the text."""
+    if doc.kind != "pdf" or not doc.page_offsets:
+        return None
+    start, end = max(0, min(start, len(doc.text))), max(0, min(end, len(doc.text)))
+    first, last = page_of_offset(doc, start), page_of_offset(doc, max(start, end - 1))
+    return str(first) if first == last else f"{first}-{last}"
+
+
 def decode_text(data: bytes, name: str) -> tuple[str, list[str]]:
     """Decode text bytes by the policy in the module docstring.
 

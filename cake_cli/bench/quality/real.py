@@ -1,0 +1,243 @@
+"""`cake bench quality --suite real`: the real-document QA set, per method x budget x context length.
+
+Each question is asked as `cake qa` asks it (the qa template: answer, cite the passage or say
+"not in the document"), on its document middle-cut to the context length when it is longer.
+One prefill per (question, length) is recorded (`engine.replay.record`) and every (method,
+budget) replays its eviction on it and decodes greedily, as the other suites do. The reply is
+read apart and its passage looked for in the document (`tasks.answers.cite.find_support`), then
+scored (`scoring.real_scores`): F1 and exact against the gold answers when the passage was read,
+abstention accuracy when the answer is not in the document or in the part the cut left out.
+
+With `--long sections` a document longer than the context is read as `cake qa --long sections`
+reads it (`tasks.sections.split_sections`): each section is recorded and replayed on its own, and
+the reply of the first section whose cited passage is found is the answer (every section
+abstaining: an abstention). A question whose passage the middle cut would have left out is then
+task "real-middle", scored against its gold answers, so the two modes can be compared.
+
+Rows are `suites.CaseResult`s with task "real", "real-absent", "real-cut" or "real-middle", the
+question id as case id and the document id as source; an interrupted run resumes by the same keys.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from cake_cli.bench.quality.run import Model, kept_key, uses_taus
+from cake_cli.bench.real_docs import OpenDocument, RealQuestion
+from cake_cli.bench.scoring import real_scores
+from cake_cli.bench.suites import REAL_TASKS, REAL_TEMPLATE, CaseResult, RealSuite, Variant, result_key
+from cake_cli.engine.generate import decode
+from cake_cli.engine.replay import record, replay
+from cake_cli.tasks.answers.cite import ABSTAINED, LOCATED, UNSUPPORTED, find_support
+from cake_cli.tasks.inputs.documents import page_of_offset
+from cake_cli.tasks.request import SECTIONS
+from cake_cli.tasks.results import Support
+from cake_cli.tasks.sections import SLACK, split_sections
+from cake_cli.tasks.templates import build_prompt, load_template
+
+
+@dataclass(frozen=True)
+class RealCase:
+    """One question on its document at one context length, with the prompt built."""
+
+    document: OpenDocument
+    question: RealQuestion
+    length: int  # nominal (the suite's)
+    task: str  # "real" (the passage is read), "real-absent", "real-cut" (cut: abstain) or "real-middle"
+    input_ids: tuple[int, ...]  # the prompt (middle cut); () with sections
+    dropped: tuple[int, int] | None  # document characters the middle cut left out
+    sections: tuple[tuple[int, int], ...] = ()  # --long sections: the sections' character spans
+    section_ids: tuple[tuple[int, ...], ...] = ()  # and their prompts
+
+    @property
+    def answers(self) -> tuple[str, ...]:
+        """The gold answers a right reply gives; () when it should abstain."""
+        return self.question.answers if self.task in ("real", "real-middle") else ()
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(ids) for ids in self.section_ids) if self.sections else len(self.input_ids)
+
+    @property
+    def depth(self) -> float:
+        """Where the passage starts, fraction of the document (0 for an unanswerable question)."""
+        found = self.document.found.get(self.question.id)
+        return round(found.start / max(len(self.document.doc.text), 1), 4) if found else 0.0
+
+
+def selected(doc: OpenDocument, quick: bool) -> list[RealQuestion]:
+    """The questions of a document the suite asks: all, or (quick) its first answerable and first
+    unanswerable one."""
+    questions = list(doc.questions)
+    if not quick:
+        return questions
+    first = [next((q for q in questions if q.answerable == want), None) for want in (True, False)]
+    return [q for q in first if q is not None]
+
+
+def build_case(model: Model, doc: OpenDocument, question: RealQuestion, length: int, long: str = "middle") -> RealCase:
+    """The prompt of one question (middle-cut to `length` tokens, clamped to the model), or with
+    `long` "sections" the prompts of its sections, and its task.
+
+    Raises:
+        CakeError: the question alone does not fit the model.
+    """
+    template = load_template(REAL_TEMPLATE)
+    limit = min(length, model.max_prompt_tokens)
+    text, ask = doc.doc.text, dict(question=question.question)
+    prompt = build_prompt(model.tokenizer, template, text, max_prompt_tokens=limit, truncate="middle", **ask)
+    task, cut = "real-absent", prompt.dropped
+    if question.answerable:
+        found = doc.found[question.id]
+        in_cut = cut is not None and found.start < cut[1] and found.end > cut[0]
+        task = ("real-middle" if long == SECTIONS else "real-cut") if in_cut else "real"
+    if long != SECTIONS or cut is None:
+        return RealCase(doc, question, length, task, prompt.input_ids, cut)
+    overhead = len(build_prompt(model.tokenizer, template, "", max_prompt_tokens=10**9, **ask).input_ids)
+    spans = tuple(split_sections(model.tokenizer, text, max(limit - overhead - SLACK, 1)))
+    ids = tuple(
+        build_prompt(model.tokenizer, template, text[a:b], max_prompt_tokens=limit, truncate="middle", **ask).input_ids
+        for a, b in spans
+    )
+    return RealCase(doc, question, length, task, (), None, spans, ids)
+
+
+def _done(done: set, question: RealQuestion, length: int, method: str, budget: int | None) -> bool:
+    return any(result_key(task, question.id, length, method, budget) in done for task in REAL_TASKS)
+
+
+def pending(
+    documents: list[OpenDocument], suite: RealSuite, variants: list[Variant], budgets: list[int], done: set
+) -> list[tuple]:
+    """[(document, question, length, [(variant, budget), ...])] still to run, in set order."""
+    out = []
+    for doc in documents:
+        for question in selected(doc, suite.quick):
+            for length in suite.lengths:
+                cells = [
+                    (v, b)
+                    for v in variants
+                    for b in ([None] if v.allocation is None else budgets)
+                    if not _done(done, question, length, v.name, b)
+                ]
+                if cells:
+                    out.append((doc, question, length, cells))
+    return out
+
+
+def count_steps(documents, suite: RealSuite, variants, budgets, done) -> tuple[int, int]:
+    """(prefills, replays) still to run: for the progress bar and its ETA (with sections: an estimate,
+    one prefill per case)."""
+    todo = pending(documents, suite, variants, budgets, done)
+    return len(todo), sum(len(cells) for *_, cells in todo)
+
+
+def run_real(
+    model: Model,
+    documents: list[OpenDocument],
+    suite: RealSuite,
+    variants: list[Variant],
+    budgets: list[int],
+    config_for_budget: Callable[[int], object],
+    *,
+    done: set = frozenset(),
+    on_case: Callable[[list[CaseResult]], None] | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> list[CaseResult]:
+    """Run every pending cell; one recorded prefill per (question, length), or per section with
+    `suite.long` "sections". Arguments as `quality.run.run_grid`, with the opened documents
+    (`real_docs.open_documents`) for the cases."""
+    if not budgets:
+        raise ValueError("run_real needs at least one budget")
+    configs = {b: config_for_budget(b) for b in budgets}
+    window = configs[budgets[0]].window
+    device = model.model.get_input_embeddings().weight.device
+    new_tokens = load_template(REAL_TEMPLATE).max_new_tokens
+    rows: list[CaseResult] = []
+    for doc, question, length, cells in pending(documents, suite, variants, budgets, done):
+        case = build_case(model, doc, question, length, suite.long)
+        prompts = case.section_ids if case.sections else (case.input_ids,)
+        replies: dict = {}  # (variant name, budget) -> [reply of each section]
+        seconds: dict = {}
+        recorded = 0.0
+        for part, input_ids in enumerate(prompts, 1):
+            ids = torch.tensor([list(input_ids)], device=device)  # [1, n]
+            label = f"{question.id} @ {length}" + (f" section {part}/{len(prompts)}" if case.sections else "")
+            if on_step:
+                on_step(f"{label}: prefill {ids.shape[1]} tokens")
+            rec = record(model.model, ids, window)
+            recorded += rec.seconds
+            answers = {}
+            for variant, budget in cells:
+                if on_step:
+                    on_step(f"{label}: {variant.name} B={budget or '-'}")
+                config = variant.config(configs[budget]) if budget is not None else None
+                start = time.perf_counter()
+                state = replay(rec, config)
+                same = kept_key(state, config)
+                if same not in answers:  # identical kept tokens and decode settings -> identical answer
+                    out = decode(model.model, ids, state, config, max_new_tokens=new_tokens, stop_ids=model.stop_ids)
+                    answers[same] = model.tokenizer.decode(list(out.token_ids), skip_special_tokens=True).strip()
+                replies.setdefault((variant.name, budget), []).append(answers[same])
+                seconds[(variant.name, budget)] = seconds.get((variant.name, budget), 0.0) + time.perf_counter() - start
+            del rec
+        case_rows = []
+        for variant, budget in cells:
+            config = variant.config(configs[budget]) if budget is not None else None
+            key = (variant.name, budget)
+            case_rows.append(_row(case, variant, budget, config, replies[key], seconds[key], recorded))
+        rows.extend(case_rows)
+        if on_case:
+            on_case(case_rows)
+    return rows
+
+
+def _support(case: RealCase, replies: list[str]) -> tuple[str, Support]:
+    """The reply that answers and its support: the one reply (middle cut), or with sections the
+    first section reply whose passage is found in its section (all abstaining: an abstention; else
+    the first unsupported one)."""
+    doc = case.document
+    text, page_of = doc.doc.text, partial(page_of_offset, doc.doc)
+    ask = dict(query=case.question.question, page_of=page_of, length=len(text))
+    if not case.sections:
+        return replies[0], find_support(replies[0], text, unread=case.dropped, **ask)[1]
+    found = []
+    for (start, end), reply in zip(case.sections, replies):
+        found.append((reply, find_support(reply, text[start:end], offset=start, **ask)[1]))
+    for status in (LOCATED, UNSUPPORTED):
+        hit = next(((r, s) for r, s in found if s.status == status), None)
+        if hit:
+            return hit
+    return found[0]
+
+
+def _row(case: RealCase, variant: Variant, budget, config, replies, seconds: float, recorded: float) -> CaseResult:
+    """The scored row of one method's reply (a list: one reply per section with sections)."""
+    text, support = _support(case, [replies] if isinstance(replies, str) else list(replies))
+    abstained = support.status == ABSTAINED
+    score, exact = real_scores(support.answer, abstained, case.answers)
+    return CaseResult(
+        task=case.task,
+        case_id=case.question.id,
+        split="real",
+        length=case.length,
+        method=variant.name,
+        budget=budget,
+        prompt_tokens=case.prompt_tokens,
+        depth=case.depth,
+        score=round(score, 6),
+        exact=exact,
+        prediction=text,
+        tau1=config.tau1 if uses_taus(config) else None,
+        tau2=config.tau2 if uses_taus(config) else None,
+        seconds=round(seconds, 3),
+        record_seconds=round(recorded, 3),
+        source=case.document.spec.id,
+        abstained=abstained,
+        support=support.status,
+    )

@@ -1,0 +1,281 @@
+"""The real-document QA set (cake_cli.bench.real_docs, data/real_qa.yaml), its scoring, and
+`cake bench quality --suite real` end to end on the tiny random model.
+
+The per-document tests read the documents where they are installed: CPython's standard library
+always, the Debian documents when their packages are (`.ci/run` installs them); a document whose
+package is absent is skipped with the package named.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import cake_cli.cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
+from cake_cli.bench.quality.real import RealCase, _row, selected
+from cake_cli.bench.real_docs import (
+    QUESTION_TYPES,
+    UNANSWERABLE,
+    check_document,
+    data_path,
+    find_quote,
+    load_set,
+    read_document,
+    text_sha256,
+)
+from cake_cli.bench.scoring import real_scores
+from cake_cli.bench.suites import REAL_TASKS, Variant
+from cake_cli.cli.main import app
+from cake_cli.errors import CakeError
+from cake_cli.tasks.answers.cite import parse_cited
+from cake_cli.tasks.inputs.documents import page_of_offset
+
+REAL = load_set()
+IDS = [d.id for d in REAL.documents]
+runner = CliRunner()
+
+
+# ---- the set ------------------------------------------------------------------------------
+
+
+def test_the_set_is_large_enough_and_its_ids_unique():
+    questions = REAL.questions
+    assert len(REAL.documents) >= 8 and len(questions) >= 60
+    assert sum(not q.answerable for q in questions) >= 12
+    assert {q.type for q in questions} <= set(QUESTION_TYPES)
+    ids = [q.id for q in questions]
+    assert len(set(ids)) == len(ids)
+    in_range = [d for d in REAL.documents if 4000 <= d.tokens <= 32000]
+    assert len(in_range) >= 8  # the FAQ is longer on purpose: the middle cut drops part of it
+    for doc in REAL.documents:
+        assert any(q.answerable for q in doc.questions) and any(not q.answerable for q in doc.questions)
+        assert (doc.source == "debian") == (doc.package is not None)
+
+
+def _write(tmp_path, data) -> object:
+    path = tmp_path / "set.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def _good() -> dict:
+    return yaml.safe_load(data_path().read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    "spoil, words",
+    [
+        (lambda d: d.update(version=2), "version"),
+        (lambda d: d["documents"][0].update(colour="blue"), "colour"),
+        (lambda d: d["documents"][0]["questions"][0].pop("evidence"), "needs answers and evidence"),
+        (lambda d: d["documents"][0]["questions"][0].update(type="guess"), "type"),
+        (lambda d: d["documents"][0]["questions"][-1].update(answers=["x"]), "no answers and no evidence"),
+        (lambda d: d["documents"][1]["questions"][0].update(id=d["documents"][0]["questions"][0]["id"]), "twice"),
+        (lambda d: d["documents"][0].update(sha256="abc"), "sha256"),
+        (lambda d: d["documents"][0]["questions"][0]["evidence"].update(offset="12"), "offset"),
+        (lambda d: d["documents"][0].pop("package"), "package"),
+    ],
+)
+def test_the_loader_is_strict(tmp_path, spoil, words):
+    data = _good()
+    spoil(data)
+    with pytest.raises(CakeError) as info:
+        load_set(_write(tmp_path, data))
+    assert words in str(info.value)
+
+
+# ---- every quote at its offset, per document ----------------------------------------------
+
+
+@pytest.mark.parametrize("doc_id", IDS)
+def test_every_quote_is_in_its_document_at_its_offset(doc_id):
+    spec = next(d for d in REAL.documents if d.id == doc_id)
+    reason = spec.missing()
+    if reason:
+        pytest.skip(reason)
+    doc = read_document(spec)
+    checked = check_document(spec, doc)
+    if checked.changed:  # another package version: the quotes must still be found (fuzzily or moved)
+        assert not checked.skipped, checked.skipped
+        pytest.skip(f"{spec.path} differs from the set's version (sha256 {text_sha256(doc.text)[:12]}…)")
+    assert len(doc.text) == spec.chars
+    assert (len(doc.page_offsets) if doc.kind == "pdf" else None) == spec.pages
+    for q in spec.questions:
+        if q.evidence is None:
+            assert not q.answerable and q.type == UNANSWERABLE
+            continue
+        found = checked.found[q.id]
+        assert found.how == "at offset" and found.start == q.evidence.offset, q.id
+        assert page_of_offset(doc, found.start) == q.evidence.page, q.id
+        assert " ".join(doc.text[found.start : found.end].split()) == " ".join(q.evidence.quote.split())
+
+
+def test_a_missing_package_is_skipped_with_its_name(tmp_path):
+    data = _good()
+    data["documents"][0]["path"] = "/usr/share/doc/not-a-package/none.pdf"
+    data["documents"][0]["package"] = "not-a-package"
+    spec = load_set(_write(tmp_path, data)).documents[0]
+    assert "apt-get install not-a-package" in spec.missing()
+    with pytest.raises(CakeError, match="not-a-package"):
+        read_document(spec)
+
+
+def test_find_quote_at_offset_moved_and_fuzzy():
+    text = "Intro.\n\nThe quick brown fox jumps over\nthe lazy dog near the river bank. End."
+    quote = "The quick brown fox jumps over the lazy dog"
+    at = text.index("The quick")
+    assert find_quote(text, quote, at).how == "at offset"
+    moved = find_quote("x" * 50 + text, quote, at)
+    assert moved.how == "moved" and moved.start == at + 50
+    fuzzy = find_quote(text.replace("brown", "browm"), quote, at)  # extraction differs by a letter
+    assert fuzzy.how == "fuzzy" and abs(fuzzy.start - at) <= 2 and fuzzy.similarity >= 90
+    assert find_quote(text, "An entirely different sentence about cats", at) is None
+
+
+# ---- scoring ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reply, answers, expected",
+    [
+        ("Answer: not in the document", (), (1.0, 1.0)),  # unanswerable, abstained: right
+        ("The document does not say.", (), (1.0, 1.0)),
+        ('Answer: Bruce Perens\nPassage: "Bruce Perens led Debian"', (), (0.0, 0.0)),  # should have abstained
+        ("Answer: not in the document", ("Bruce Perens",), (0.0, 0.0)),  # answerable, abstained: wrong
+        ('Answer: Bruce Perens\nPassage: "Bruce Perens led Debian from April 1996"', ("Bruce Perens",), (1.0, 1.0)),
+        ("Answer: Perens", ("Bruce Perens",), (pytest.approx(2 / 3), 0.0)),  # partly right: F1, not exact
+        ("Answer: Ian Murdock", ("Bruce Perens",), (0.0, 0.0)),
+    ],
+)
+def test_scores_of_hand_made_replies(reply, answers, expected):
+    cited = parse_cited(reply)
+    assert real_scores(cited.answer, cited.abstained, answers) == expected
+
+
+@pytest.fixture(scope="module")
+def heapq_doc():
+    spec = next(d for d in REAL.documents if d.id == "python-heapq")
+    return check_document(spec, read_document(spec))
+
+
+def _case(doc, qid: str, task: str, dropped=None) -> RealCase:
+    question = next(q for q in doc.questions if q.id == qid)
+    return RealCase(doc, question, 32768, task, (1, 2, 3), dropped)
+
+
+def test_rows_score_cited_replies_and_abstentions(heapq_doc):
+    cake = Variant("cake", "cake", "cake")
+
+    def row(qid: str, task: str, reply: str, dropped=None):
+        return _row(_case(heapq_doc, qid, task, dropped), cake, 256, None, reply, 1.0, 0.5)
+
+    quote = "# Original code by Kevin O'Connor, augmented by Tim Peters and Raymond Hettinger"
+    cited = f'Answer: Kevin O\'Connor\nPassage: "{quote}"'
+    right = row("python-heapq-02", "real", cited)
+    assert (right.score, right.exact, right.support, right.abstained) == (1.0, 1.0, "located", False)
+    made_up = row("python-heapq-02", "real", 'Answer: Guido\nPassage: "Guido wrote it"')
+    assert (made_up.exact, made_up.support) == (0.0, "unsupported")
+    absent = row("python-heapq-08", "real-absent", "Answer: not in the document")
+    assert (absent.score, absent.exact, absent.support, absent.abstained) == (1.0, 1.0, "abstained", True)
+    # the passage was cut: an abstention is right, and an answer quoting the unread part is unsupported
+    start = heapq_doc.found["python-heapq-02"].start
+    unread = (start - 10, start + 200)
+    assert row("python-heapq-02", "real-cut", "not in the document", unread).exact == 1.0
+    quoted = row("python-heapq-02", "real-cut", cited, unread)
+    assert (quoted.exact, quoted.support) == (0.0, "unsupported")
+
+
+def test_with_sections_the_first_located_section_answers(heapq_doc):
+    question = next(q for q in heapq_doc.questions if q.id == "python-heapq-02")
+    at = heapq_doc.found[question.id].start
+    sections = ((0, at - 5), (at - 5, len(heapq_doc.doc.text)))
+    case = RealCase(heapq_doc, question, 600, "real-middle", (), None, sections, ((1,), (2,)))
+    quote = "# Original code by Kevin O'Connor, augmented by Tim Peters and Raymond Hettinger"
+    cake = Variant("cake", "cake", "cake")
+    replies = ["Answer: not in the document", f'Answer: Kevin O\'Connor\nPassage: "{quote}"']
+    row = _row(case, cake, 256, None, replies, 1.0, 0.5)
+    assert (row.exact, row.support, row.prediction) == (1.0, "located", replies[1]) and row.prompt_tokens == 2
+    # the same quote from the wrong section is not found there: unsupported (scored on its content all the same)
+    swapped = _row(case, cake, 256, None, replies[::-1], 1.0, 0.5)
+    assert (swapped.exact, swapped.support) == (1.0, "unsupported")
+    silent = _row(case, cake, 256, None, ["not in the document"] * 2, 1.0, 0.5)
+    assert (silent.exact, silent.support) == (0.0, "abstained")
+
+
+def test_quick_picks_one_answerable_and_one_unanswerable(heapq_doc):
+    picked = selected(heapq_doc, quick=True)
+    assert [q.answerable for q in picked] == [True, False]
+    assert len(selected(heapq_doc, quick=False)) == len(heapq_doc.questions)
+
+
+# ---- the command --------------------------------------------------------------------------
+
+TINY_REAL = ["bench", "quality", "--suite", "real", "--model", "tiny-test", "--threads", "1"]
+
+
+def test_real_suite_end_to_end_then_resume(cli_env):
+    out = cli_env / "real.json"
+    args = [*TINY_REAL, "--documents", "python-textwrap", "--quick", "--lengths", "600", "--budgets", "32"]
+    args += ["--methods", "full,cake", "--output", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert len(rows) == 2 * 2  # 2 questions (quick) x (full + cake at one budget)
+    assert data["meta"]["split"] == "real" and data["meta"]["documents"] == ["python-textwrap"]
+    assert {r["task"] for r in rows} <= set(REAL_TASKS) and {r["source"] for r in rows} == {"python-textwrap"}
+    assert all(r["support"] in ("located", "unsupported", "abstained") for r in rows)
+    assert all(0.0 <= r["score"] <= 1.0 and r["exact"] in (0.0, 1.0) for r in rows)
+    assert all(r["prompt_tokens"] <= 600 for r in rows)
+    assert "real documents" in result.stdout and "overall" in result.stdout
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "resuming" in again.stderr
+    assert json.loads(out.read_text())["rows"] == rows
+
+
+def test_real_suite_with_sections(cli_env):
+    args = [*TINY_REAL, "--documents", "python-heapq", "--quick", "--lengths", "700", "--budgets", "32"]
+    result = runner.invoke(app, [*args, "--methods", "cake", "--long", "sections", "--json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["meta"]["long"] == "sections"
+    tasks = {s["task"] for s in data["summary"]["scores"]}
+    assert "real-cut" not in tasks and tasks & {"real", "real-middle"}  # nothing is cut: every passage is read
+    assert "section 2/" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--documents", "nope"], "unknown document 'nope'"),
+        (["--long", "sideways"], "unknown --long mode"),
+        (["--depths", "0.5"], "--depths apply to --suite needle only"),
+        (["--tasks", "qa"], "--tasks apply to --suite needle only"),
+    ],
+)
+def test_real_suite_usage_errors(cli_env, extra, message):
+    result = runner.invoke(app, [*TINY_REAL, "--budgets", "32", *extra])
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr and result.stdout == ""
+
+
+def test_documents_needs_the_real_suite(cli_env):
+    result = runner.invoke(app, ["bench", "quality", "--model", "tiny-test", "--documents", "python-heapq"])
+    assert result.exit_code == 2 and "--suite real" in result.stderr
+    unknown = runner.invoke(app, ["bench", "quality", "--model", "tiny-test", "--suite", "rael"])
+    assert unknown.exit_code == 2 and "did you mean 'real'" in unknown.stderr
+    needle = runner.invoke(app, ["bench", "quality", "--model", "tiny-test", "--long", "sections"])
+    assert needle.exit_code == 2 and "--long applies to --suite real only" in needle.stderr
+
+
+def test_page_of_offset_is_the_evidence_page():  # a PDF's evidence names its page
+    spec = next(d for d in REAL.documents if d.id == "debian-history")
+    if spec.missing():
+        pytest.skip(spec.missing())
+    doc = read_document(spec)
+    q = spec.questions[0]
+    assert partial(page_of_offset, doc)(q.evidence.offset) == q.evidence.page >= 1

@@ -1,0 +1,236 @@
+"""Answers that cite or abstain, the middle cut that says what it dropped, and `--long sections`,
+through the real CLI (CliRunner) on the tiny random profile (1500-token prompt limit).
+
+Known replies are fed through the real engine by teacher forcing (`forced`), so prefill, eviction,
+the reply's reading, the passage's location, the report and the JSON all run for real.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from transformers import AutoTokenizer
+from typer.testing import CliRunner
+
+from cake_cli.cli.main import app
+from cake_cli.tasks.sections import split_sections
+from tests.helpers.texts import license_text
+
+runner = CliRunner()
+TINY = ["-m", "tiny-test", "-b", "64"]
+FOUNDED = "Python was created in the early 1990s by Guido van Rossum at Stichting Mathematisch Centrum"
+STALLMAN = "According to Richard Stallman, 1.6.1 is not GPL-compatible, because its license has a choice of law clause."
+
+
+@pytest.fixture
+def tokenizer(tiny_profile_dir):
+    return AutoTokenizer.from_pretrained(tiny_profile_dir.parent / "model")
+
+
+@pytest.fixture
+def forced(monkeypatch, tokenizer):
+    """`forced(text)`: from now on the engine generates exactly `text` (teacher forcing)."""
+    from cake_cli.tasks import runner as engine  # the runner's reference to engine.generate.decode
+
+    real = engine.decode
+
+    def use(text: str) -> None:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+
+        def decode(*args, **kwargs):
+            kwargs["max_new_tokens"] = len(ids)
+            return real(*args, forced_tokens=ids, **kwargs)
+
+        monkeypatch.setattr(engine, "decode", decode)
+
+    return use
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture
+def short_doc(cli_env):
+    path = cli_env / "notes.txt"
+    path.write_text(license_text()[:1200], encoding="utf-8")  # fits the tiny model's 1500 tokens
+    return path
+
+
+@pytest.fixture
+def long_doc(cli_env):
+    path = cli_env / "long.txt"
+    path.write_text(license_text()[:5200], encoding="utf-8")  # ~3.5x the tiny model's prompt limit
+    return path
+
+
+def invoke(*args, input=None):
+    return runner.invoke(app, [str(a) for a in args], input=input)
+
+
+def as_json(result) -> dict:
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+# ---- cite or abstain ----------------------------------------------------------------------
+
+
+def test_a_cited_passage_is_located_with_its_offset(short_doc, forced):
+    reply = f'Answer: Guido van Rossum\nPassage: "{FOUNDED}"'
+    forced(reply)
+    streamed = invoke("qa", short_doc, "Who created Python?", *TINY)
+    assert streamed.exit_code == 0, streamed.stderr
+    assert streamed.stdout == reply + "\n"  # stdout: the reply as streamed, nothing else
+    at = flat(short_doc.read_text()).index(FOUNDED)
+    assert "location" in streamed.stderr and "characters" in streamed.stderr and "UNSUPPORTED" not in streamed.stderr
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json"))
+    assert data["support"] == {"status": "located", "answer": "Guido van Rossum", "passage": FOUNDED, "reason": ""}
+    loc = data["location"]
+    assert flat(loc["text"]).startswith(FOUNDED[:40]) and abs(loc["start"] - at) < 40
+    assert data["dropped"] is None and data["sections"] == []
+
+
+def test_an_answer_whose_passage_is_nowhere_is_flagged_unsupported(short_doc, forced):
+    forced('Answer: Ada Lovelace\nPassage: "Ada Lovelace wrote the first Python interpreter in 1843."')
+    result = invoke("qa", short_doc, "Who created Python?", *TINY)
+    assert result.exit_code == 0 and "UNSUPPORTED" in result.stderr and "unsupported answer" in result.stderr
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json", "--quiet"))
+    assert data["support"]["status"] == "unsupported" and data["location"] is None
+    assert data["support"]["answer"] == "Ada Lovelace"
+    assert any(w.startswith("unsupported answer") for w in data["warnings"])
+
+
+def test_a_passage_that_does_not_hold_the_answer_is_unsupported(short_doc, forced):
+    forced(f'Answer: Ada Lovelace\nPassage: "{FOUNDED}"')  # a real passage, but not of this answer
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json"))
+    assert data["support"]["status"] == "unsupported" and "does not hold the answer" in data["support"]["reason"]
+
+
+def test_an_abstention_is_reported_as_such(short_doc, forced):
+    forced("Answer: not in the document")
+    result = invoke("qa", short_doc, "What is the airspeed of a swallow?", *TINY)
+    assert result.exit_code == 0 and "abstained" in result.stderr and "UNSUPPORTED" not in result.stderr
+    data = as_json(invoke("qa", short_doc, "What is the airspeed of a swallow?", *TINY, "--json"))
+    assert data["support"]["status"] == "abstained" and data["location"] is None
+    assert not any("unsupported" in w for w in data["warnings"])
+
+
+def test_needle_may_abstain_too(short_doc, forced):
+    forced("not in the document")
+    data = as_json(invoke("needle", short_doc, "the airspeed of a swallow", *TINY, "--json"))
+    assert data["support"]["status"] == "abstained" and data["location"] is None
+
+
+@pytest.mark.parametrize("reply", ["Answer: 42", "Answer: Guido van Rossum\nPassage: none"])
+def test_no_answer_without_a_location_or_the_flag(short_doc, forced, reply):
+    forced(reply)
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json"))
+    assert (data["support"]["status"] == "located") == (data["location"] is not None)
+    assert data["support"]["status"] in ("located", "unsupported")
+
+
+# ---- the middle cut names what it dropped -------------------------------------------------
+
+
+def test_the_middle_cut_names_the_characters_it_dropped(long_doc, forced):
+    forced("Answer: not in the document")
+    result = invoke("qa", long_doc, "Who said 1.6.1 is not GPL-compatible?", *TINY)
+    assert result.exit_code == 0
+    assert re.search(
+        r"truncated in the middle .*characters \d+-\d+ \(\d+\.\d%-\d+\.\d% of the document\)", result.stderr
+    )
+    assert "--long sections" in result.stderr and "not read" in result.stderr
+    data = as_json(invoke("qa", long_doc, "Who said 1.6.1 is not GPL-compatible?", *TINY, "--json"))
+    dropped, text = data["dropped"], long_doc.read_text().strip()
+    assert 0 < dropped["start"] < dropped["end"] < len(text) and dropped["tokens"] > 0 and dropped["pages"] is None
+    assert dropped["length"] == len(text)
+    # the abstention says the cut part may hold the answer
+    assert data["support"]["status"] == "abstained" and "middle cut left out" in data["support"]["reason"]
+    assert any("may hold it" in w for w in data["warnings"])
+
+
+def test_a_passage_quoted_from_the_dropped_part_is_unsupported(long_doc, forced):
+    forced(f'Answer: Richard Stallman\nPassage: "{STALLMAN}"')
+    data = as_json(invoke("qa", long_doc, "Who said 1.6.1 is not GPL-compatible?", *TINY, "--json"))
+    at = long_doc.read_text().index("According to Richard Stallman")
+    assert data["dropped"]["start"] <= at < data["dropped"]["end"]  # the sentence is in the cut part
+    assert data["support"]["status"] == "unsupported" and "middle cut" in data["support"]["reason"]
+
+
+# ---- --long sections ----------------------------------------------------------------------
+
+
+def test_split_sections_covers_the_text_at_boundaries(tokenizer):
+    text = license_text()[:5200]
+    spans = split_sections(tokenizer, text, 900)
+    assert len(spans) >= 4 and spans[0][0] == 0 and spans[-1][1] == len(text)
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # consecutive, nothing left out
+    for start, end in spans:
+        assert len(tokenizer(text[start:end], add_special_tokens=False)["input_ids"]) <= 900 + 2
+    assert sum(text[start:end].endswith(("\n\n", ". ", "\n")) for start, end in spans[:-1]) >= len(spans) - 2
+    with pytest.raises(ValueError):
+        split_sections(tokenizer, text, 0)
+
+
+def test_qa_sections_keep_the_answer_whose_passage_is_found(long_doc, forced):
+    forced(f'Answer: Richard Stallman\nPassage: "{STALLMAN}"')
+    result = invoke("qa", long_doc, "Who said 1.6.1 is not GPL-compatible?", *TINY, "--long", "sections", "--json")
+    data = as_json(result)
+    sections = data["sections"]
+    assert len(sections) >= 3 and data["dropped"] is None
+    assert sections[0]["start"] == 0 and sections[-1]["end"] == len(long_doc.read_text().strip())
+    kept = [s for s in sections if s["kept"]]
+    at = long_doc.read_text().index("According to Richard Stallman")
+    assert len(kept) == 1 and kept[0]["start"] <= at < kept[0]["end"]  # only the section that holds it
+    assert kept[0]["location"]["start"] == pytest.approx(at, abs=5)  # document offsets, not the section's
+    assert all(s["support"]["status"] == "unsupported" for s in sections if not s["kept"])
+    assert data["support"]["status"] == "located" and data["answer"].startswith("Richard Stallman (characters ")
+    assert data["document_tokens"] == sum(s["document_tokens"] for s in sections)
+    assert "prefill: " in result.stderr and "section 2/" in result.stderr
+    streamed = invoke("qa", long_doc, "Who said 1.6.1 is not GPL-compatible?", *TINY, "--long", "sections")
+    assert streamed.stdout == data["answer"] + "\n" and "sections" in streamed.stderr
+
+
+def test_qa_sections_abstain_when_every_section_does(long_doc, forced):
+    forced("Answer: not in the document")
+    data = as_json(invoke("qa", long_doc, "What is the airspeed of a swallow?", *TINY, "--long", "sections", "--json"))
+    assert data["answer"] == "not in the document" and data["support"]["status"] == "abstained"
+    assert all(s["support"]["status"] == "abstained" and not s["kept"] for s in data["sections"])
+
+
+def test_summarize_sections_combines_the_section_summaries(long_doc, forced):
+    forced("This part is about the history and licences of Python.")
+    result = invoke("summarize", long_doc, *TINY, "--long", "sections", "--json")
+    data = as_json(result)
+    assert len(data["sections"]) >= 3 and all(s["kept"] and s["support"] is None for s in data["sections"])
+    assert data["answer"] == "This part is about the history and licences of Python."
+    assert "combining the" in result.stderr
+    per_section = sum(s["document_tokens"] for s in data["sections"])
+    assert data["document_tokens"] == per_section == data["original_document_tokens"]
+
+
+def test_a_document_that_fits_is_one_section(short_doc, forced):
+    forced("A short summary.")
+    data = as_json(invoke("summarize", short_doc, *TINY, "--long", "sections", "--json"))
+    assert data["sections"] == [] and data["dropped"] is None and data["answer"] == "A short summary."
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["qa", "{doc}", "Who?", "--long", "sideways"], "unknown --long mode"),
+        (["qa", "{doc}", "-q", "A?", "-q", "B?", "--long", "sections"], "one question at a time"),
+        (["qa", "{doc}", "Who?", "--long", "sections", "--truncate", "error"], "give only one of them"),
+    ],
+)
+def test_long_usage_errors(long_doc, args, words):
+    result = invoke(*[str(long_doc) if a == "{doc}" else a for a in args], *TINY)
+    assert result.exit_code == 2 and words in result.stderr and result.stdout == ""
+
+
+def test_long_is_an_option_of_summarize_and_qa_only(long_doc):
+    assert invoke("needle", long_doc, "x", *TINY, "--long", "sections").exit_code == 2
+    assert invoke("complete", long_doc, *TINY, "--long", "sections").exit_code == 2

@@ -202,16 +202,46 @@ def test_corrupt_cake(cake, cli_env):
     assert "truncated" not in line
 
 
-def rewrite_meta(path, target, **changes) -> None:
-    """A copy of a .cake with some metadata changed (the checksum stays valid: the data is unchanged)."""
+def rewrite_meta(path, target, sign=True, **changes) -> None:
+    """A copy of a .cake with some metadata changed; `sign`: with the checksum made again (a file that
+    another cake-cli or another model really wrote), else the old checksum (an edited file)."""
     blob = path.read_bytes()
     size = int.from_bytes(blob[:8], "little")
     header = json.loads(blob[8 : 8 + size])
     meta = json.loads(header["__metadata__"]["cake_cli"])
     meta.update(changes)
+    if sign:
+        meta["sha256"] = cachefile.file_sha256(header, meta, blob[8 + size :])
     header["__metadata__"]["cake_cli"] = json.dumps(meta)
     raw = json.dumps(header).encode()
     target.write_bytes(len(raw).to_bytes(8, "little") + raw + blob[8 + size :])
+
+
+def edit_in_place(path, target, old: str, new: str) -> None:
+    """A copy of a .cake with the first `old` of its metadata replaced by `new` (same length: the file
+    is otherwise byte for byte the same, as a hex editor leaves it). The metadata is a JSON string in
+    the safetensors header, so its quotes are escaped there."""
+    old_bytes, new_bytes = (text.replace('"', '\\"').encode() for text in (old, new))
+    blob = path.read_bytes()
+    size = int.from_bytes(blob[:8], "little")
+    assert len(old_bytes) == len(new_bytes) and old_bytes in blob[8 : 8 + size]
+    target.write_bytes(blob.replace(old_bytes, new_bytes, 1))
+
+
+def test_edited_metadata_is_refused(cake, cli_env):
+    """The checksum covers the header: an edited budget (same length, the JSON still valid) or an edited
+    per-layer kept count is refused in one line, as a flipped tensor byte is."""
+    path, report = cake
+    edit_in_place(path, cli_env / "budget.cake", '"budget":64,', '"budget":99,')
+    line = one_error_line(invoke("qa", cli_env / "budget.cake", "Who?"), 1, "checksum")
+    assert "edited" in line and "compress the document again" in line
+    kept = report["layers"][0]["kept"]
+    edit_in_place(path, cli_env / "kept.cake", f'"kept":{kept},', f'"kept":{kept - 1},')
+    one_error_line(invoke("qa", cli_env / "kept.cake", "Who?"), 1, "checksum")
+    rewrite_meta(path, cli_env / "renamed.cake", sign=False, source="other.txt")
+    one_error_line(invoke("summarize", cli_env / "renamed.cake"), 1, "checksum")
+    rewrite_meta(path, cli_env / "resigned.cake", budget=64)  # the same content written again: fine
+    assert invoke("qa", cli_env / "resigned.cake", "Who?", "-n", "2").exit_code == 0
 
 
 def test_other_format_version(cake, cli_env):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cake_cli.engine.config import CakeConfig, ConfigError
-from cake_cli.engine.methods import FULL, resolve
+from cake_cli.engine.methods import FULL, label, resolve
 from cake_cli.errors import UsageError
 from cake_cli.models.dtypes import check_dtype
 from cake_cli.models.profiles import Profile, check_model_spec
@@ -127,7 +127,9 @@ def plan(request: TaskRequest, cb: Callbacks | None = None) -> Plan:
         config, tau_rule = saved_config(saved.meta, request.decode_policy), f"saved in {saved.name}"
     else:
         config, tau_rule = cake_config_for(profile, request)
-        request = replace(request, budget=config.budget, method=request.method or DEFAULT_METHOD)
+        method = request.method or DEFAULT_METHOD  # named for what runs: `cake+h2o --indicator tova` is cake+tova
+        method = method if method == FULL else label(config.allocation, config.indicator)
+        request = replace(request, budget=config.budget, method=method)
     warnings: list[str] = []
     doc = saved_document(saved.meta) if saved else load_document(request.document, password=request.password)
     for message in doc.warnings:

@@ -51,6 +51,17 @@ def test_allocation_and_indicator_are_independent_choices(doc):
     assert (data["allocation"], data["indicator"]) == ("cake", "snapkv")
 
 
+def test_the_method_label_says_what_runs(doc):
+    """`--method cake+h2o --indicator tova` runs CAKE's allocation with TOVA's indicator: every label says so."""
+    data, _ = run_json("summarize", str(doc), "-b", "48", "--method", "cake+h2o", "--indicator", "tova")
+    assert (data["method"], data["allocation"], data["indicator"]) == ("cake+tova", "cake", "tova")
+    result = runner.invoke(app, ["summarize", str(doc), "-m", "tiny-test", "-n", "2", "-b", "48",
+                                 "--method", "cake+h2o", "--indicator", "tova"])  # fmt: skip
+    assert "method cake+tova (cake allocation + tova indicator)" in result.stderr and "h2o" not in result.stderr
+    renamed, _ = run_json("summarize", str(doc), "-b", "48", "--method", "snapkv", "--allocation", "pyramid")
+    assert renamed["method"] == "pyramidkv"
+
+
 def test_full_method_evicts_nothing(doc):
     data, _ = run_json("summarize", str(doc), "-b", "48", "--method", "full")
     assert data["evicted"] is False and data["saved_fraction"] == 0.0

@@ -18,9 +18,9 @@ from cake_cli.batch.pool import RERUN_HINT, InlineExecutor, ProcessExecutor
 from cake_cli.batch.ray_actors import RayExecutor
 from cake_cli.batch.rows import BatchRow, row_request
 from cake_cli.errors import CakeError
+from cake_cli.tasks.cores import capped_threads, usable_cores
 from cake_cli.tasks.planning import plan
 from cake_cli.tasks.request import TaskRequest
-from cake_cli.tasks.threads import usable_cores
 
 
 @dataclass
@@ -65,14 +65,18 @@ def make_executor(
     on_warning: Callable[[str], None] | None = None,
 ):
     """The executor for `--workers`, `--threads` and `--ray`. Locally: `workers` (default 1),
-    torch threads = cores // workers unless `threads` (one worker without `threads`: each row's
-    threads follow the load, as a single document's do); on Ray see `batch_ray.ray_slots`.
+    torch threads = cores // workers unless `threads` (held to the usable cores, with a warning;
+    one worker without `threads`: each row's threads follow the load, as a single document's do);
+    on Ray see `ray_actors.ray_slots`.
 
     Raises:
         CakeError: --ray without Ray installed.
     """
     if ray_address is not None:
         return RayExecutor(request, ray_address, workers, threads, on_warning)
+    threads, too_many = capped_threads(threads)
+    if too_many and on_warning:
+        on_warning(too_many)
     workers, follow_load = workers or 1, threads is None
     threads = threads or max(1, usable_cores() // workers)
     if workers == 1:  # alone on the machine: without --threads, every row follows the load (`tasks.threads`)

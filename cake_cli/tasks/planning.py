@@ -21,6 +21,7 @@ from cake_cli.tasks.answers.completion import (
     context_before,
     max_new_tokens_for,
 )
+from cake_cli.tasks.cores import capped_threads
 from cake_cli.tasks.inputs.documents import load_document
 from cake_cli.tasks.request import (
     ATTENTIONS,
@@ -115,6 +116,11 @@ def plan(request: TaskRequest, cb: Callbacks | None = None) -> Plan:
     """
     cb = cb or Callbacks()
     check_request(request)
+    warnings: list[str] = []
+    threads, too_many = capped_threads(request.threads)
+    if too_many:
+        cb.warn(warnings, too_many)
+        request = replace(request, threads=threads)
     saved = read_saved(request.document) if is_cache_path(request.document) else None
     if saved is not None:
         request = settle(request, saved)
@@ -130,7 +136,6 @@ def plan(request: TaskRequest, cb: Callbacks | None = None) -> Plan:
         method = request.method or DEFAULT_METHOD  # named for what runs: `cake+h2o --indicator tova` is cake+tova
         method = method if method == FULL else label(config.allocation, config.indicator)
         request = replace(request, budget=config.budget, method=method)
-    warnings: list[str] = []
     doc = saved_document(saved.meta) if saved else load_document(request.document, password=request.password)
     for message in doc.warnings:
         cb.warn(warnings, message)

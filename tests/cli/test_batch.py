@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from fpdf import FPDF
 
+from cake_cli.tasks.cores import usable_cores
 from tests.helpers.batch import TINY, invoke, lines, untimed, write_docs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,6 +150,16 @@ def test_one_worker_follows_the_load_and_threads_do_not_change_the_key(cli_env, 
     other = cli_env / "fixed.jsonl"
     assert invoke("batch", "summarize", docs, "-o", other, *TINY, "--threads", "1").exit_code == 0
     assert {line["result"]["threads_reason"] for line in lines(other)} == {"--threads"}
+
+
+def test_threads_per_worker_are_capped_at_the_usable_cores(cli_env, docs):
+    out = cli_env / "results.jsonl"
+    result = invoke("batch", "summarize", docs, "-o", out, *TINY, "--threads", "999", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["threads"] == usable_cores()
+    assert result.stderr.count("--threads 999 is more than the") == 1, "one warning, not one per row"
+    assert {line["result"]["prefill_threads"] for line in lines(out)} == {usable_cores()}
+    assert not any(line["result"]["warnings"] for line in lines(out))
 
 
 # ---------------------------------------------------------------- workers

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cake_cli.cli.main import app
+from cake_cli.tasks.cores import usable_cores
 from tests.helpers.texts import license_text
 
 runner = CliRunner()
@@ -60,6 +61,14 @@ def test_the_method_label_says_what_runs(doc):
     assert "method cake+tova (cake allocation + tova indicator)" in result.stderr and "h2o" not in result.stderr
     renamed, _ = run_json("summarize", str(doc), "-b", "48", "--method", "snapkv", "--allocation", "pyramid")
     assert renamed["method"] == "pyramidkv"
+
+
+def test_threads_above_the_usable_cores_are_capped_with_a_warning(doc):
+    cores = usable_cores()
+    data, result = run_json("summarize", str(doc), "-b", "48", "--threads", "999")
+    assert (data["prefill_threads"], data["decode_threads"]) == (cores, cores)
+    assert f"--threads 999 is more than the {cores} usable core" in result.stderr
+    assert any(w.startswith("--threads 999 is more than") for w in data["warnings"])
 
 
 def test_full_method_evicts_nothing(doc):

@@ -132,7 +132,7 @@ def batch(
             if value is not None and value < 1:
                 raise UsageError(f"{flag} must be at least 1 (got {value})")
         fields = parse_fields(field or [])
-        base = task_request(task, "", {}, opts)
+        base = task_request(task, "", {}, dataclasses.replace(opts, threads=None))  # threads: the executor's
         template = check_options(base)
         output = check_writable(opts.output, "--output")
         if Path(input).expanduser().resolve() == output.resolve():

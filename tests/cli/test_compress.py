@@ -63,6 +63,20 @@ def test_compress_report_shows_layers_only_when_evicted(doc, cli_env):
     assert "allocation across layers" not in whole.stderr and "kept whole" in whole.stderr
 
 
+def test_every_prefill_shows_layer_progress(doc, cli_env):
+    """Prefills kept whole (compress's default scoring, qa with several questions, chat) show the same
+    per-layer progress as a task, with the time left (piped stderr: plain lines)."""
+    runs = [
+        invoke("compress", doc, "-o", cli_env / "p.cake", *TINY, "-b", "64"),
+        invoke("qa", doc, "-q", QUESTIONS[0], "-q", QUESTIONS[1], *TINY, "-b", "64", "-n", "2"),
+        invoke("chat", doc, *TINY, "-b", "64", "-n", "2", input=f"{QUESTIONS[0]}\n"),
+        invoke("summarize", doc, *TINY, "-b", "64", "-n", "2"),
+    ]
+    for result in runs:
+        assert result.exit_code == 0, result.stderr
+        assert "prefill layers: 1/4 · ETA …" in result.stderr and "prefill layers: 4/4 · ETA 0:00" in result.stderr
+
+
 def test_compress_writes_a_checked_cake_file(cake):
     path, report = cake
     saved = cachefile.read_saved(path)

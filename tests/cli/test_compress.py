@@ -1,4 +1,4 @@
-"""`cake compress`, tasks on a .cake file, `cake qa -q … -q …` and `cake chat` through the real CLI on
+"""`cake compress`, tasks on a .cake file, `cake qa DOC Q1 Q2 …` and `cake chat` through the real CLI on
 the tiny random profile: answers from a saved cache are token-identical to answers from the cache
 compressed in the same process; bad .cake files and contradicting options are one-line errors."""
 
@@ -68,7 +68,7 @@ def test_every_prefill_shows_layer_progress(doc, cli_env):
     per-layer progress as a task, with the time left (piped stderr: plain lines)."""
     runs = [
         invoke("compress", doc, "-o", cli_env / "p.cake", *TINY, "-b", "64"),
-        invoke("qa", doc, "-q", QUESTIONS[0], "-q", QUESTIONS[1], *TINY, "-b", "64", "-n", "2"),
+        invoke("qa", doc, QUESTIONS[0], QUESTIONS[1], *TINY, "-b", "64", "-n", "2"),
         invoke("chat", doc, *TINY, "-b", "64", "-n", "2", input=f"{QUESTIONS[0]}\n"),
         invoke("summarize", doc, *TINY, "-b", "64", "-n", "2"),
     ]
@@ -99,12 +99,11 @@ def test_compress_writes_a_checked_cake_file(cake):
 
 @pytest.mark.parametrize("policy", ["fixed", "grow"])
 def test_saved_answers_equal_in_process_answers(whole, doc, policy):
-    """The oracle: `qa FILE.cake` (loaded from disk) == `qa DOC -q … -q …` (compressed in this process)."""
+    """The oracle: `qa FILE.cake` (loaded from disk) == `qa DOC Q1 Q2 Q3` (compressed in this process)."""
     path, made = whole
     assert not made["evicted"] and made["scoring"] == "question" and made["kv_bytes_kept"] == made["kv_bytes_full"]
-    asked = [a for q in QUESTIONS for a in ("-q", q)]
     here = invoke(
-        "qa", doc, "--decode-policy", policy, *asked, *TINY, "-b", "64", "--dtype", "fp32", "-n", "12", "--json"
+        "qa", doc, *QUESTIONS, "--decode-policy", policy, *TINY, "-b", "64", "--dtype", "fp32", "-n", "12", "--json"
     )
     assert here.exit_code == 0, here.stderr
     in_process = json.loads(here.stdout)["results"]
@@ -164,10 +163,51 @@ def test_summarize_and_needle_take_a_cake_file(cake):
         assert data["cache"]["path"] == str(path) and data["generated_tokens"] <= 5
 
 
-def test_qa_several_questions_text_output(doc):
-    result = invoke("qa", doc, QUESTIONS[0], "-q", QUESTIONS[1], *TINY, "-b", "64", "-n", "4", "--quiet")
+@pytest.fixture
+def forced_answers(monkeypatch, tiny_profile_dir):
+    """`forced_answers(texts)`: the answers after a compressed prefix are exactly `texts`, in turn
+    (teacher forcing through the real continuation and decoding)."""
+    from transformers import AutoTokenizer
+
+    from cake_cli.tasks.saved import compress as saved
+
+    real, tokenizer = saved.decode, AutoTokenizer.from_pretrained(tiny_profile_dir.parent / "model")
+
+    def use(texts: list[str]) -> None:
+        queue = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+        def decode(*args, **kwargs):
+            ids = queue.pop(0)
+            kwargs["max_new_tokens"] = len(ids)
+            return real(*args, forced_tokens=ids, **kwargs)
+
+        monkeypatch.setattr(saved, "decode", decode)
+
+    return use
+
+
+def split_answers(text: str, questions: list[str]) -> list[str]:
+    """What a downstream reader does with several plain-text answers: cut at each numbered heading, in order."""
+    answers, rest = [], text
+    headings = [f"[{i}/{len(questions)}] {q}\n" for i, q in enumerate(questions, 1)]
+    for heading, following in zip(headings, [*headings[1:], None]):
+        assert rest.startswith(heading)
+        end = rest.index("\n" + following) if following else len(rest)
+        answers.append(rest[len(heading) : end].removesuffix("\n"))
+        rest = rest[end + 1 :]
+    return answers
+
+
+def test_several_answers_in_plain_text_can_be_split(doc, forced_answers, cli_env):
+    """Answers holding blank lines (the issue: they could not be told apart) split at their numbered headings."""
+    texts = ["First part.\n\nSecond part of answer one.", "Answer two,\n\n\nafter two blank lines.", "Three."]
+    forced_answers(texts)
+    out = cli_env / "answers.txt"
+    result = invoke("qa", doc, *QUESTIONS, *TINY, "-b", "64", "--quiet", "-o", out)
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.count("\n\n") == 1, "two answers, a blank line between them"
+    assert result.stdout.startswith(f"[1/3] {QUESTIONS[0]}\nFirst part.")
+    assert split_answers(result.stdout, QUESTIONS) == texts
+    assert out.read_text() == result.stdout, "the file holds what stdout showed"
 
 
 def test_chat_piped_json_lines_and_memory_bounded(cake):
@@ -308,7 +348,7 @@ def test_usage_errors(cake, doc, cli_env):
     one_error_line(invoke("compress", path, "-o", cli_env / "y.cake", *TINY), 2, "already a compressed cache")
     one_error_line(invoke("compress", doc, "-o", cli_env / "y.cake", "--scoring", "magic", *TINY), 2, "--scoring")
     one_error_line(invoke("qa", doc, *TINY), 2, "needs a question")
-    one_error_line(invoke("qa", doc, "-q", "A?", "-q", " ", *TINY), 2, "non-empty question")
+    one_error_line(invoke("qa", doc, "A?", " ", *TINY), 2, "non-empty question")
     one_error_line(invoke("chat", "-", *TINY), 2, "stdin")
     one_error_line(invoke("inspect-layers", path), 2, "already compressed")
 

@@ -73,6 +73,16 @@ def one_error_line(result, code: int, words: str) -> None:
 
 
 # ---------------------------------------------------------------- qa
+def test_q_means_quiet_in_qa_too(doc):
+    """One meaning for -q in every command: --quiet (several questions are arguments)."""
+    quiet = invoke("qa", doc, "Who holds the copyright?", *TINY, "-n", "3", "-q")
+    assert quiet.exit_code == 0, quiet.stderr
+    assert quiet.stdout.strip() and quiet.stderr == "", "no report and no progress"
+    for command in ("summarize", "qa", "needle", "complete", "chat", "compress", "inspect-layers", "batch"):
+        line = next(line for line in invoke(command, "--help").stdout.splitlines() if "--quiet" in line)
+        assert line.split("--quiet")[1].split()[0] == "-q", command
+
+
 def test_qa_answer_on_stdout_report_on_stderr(doc):
     streamed = invoke("qa", doc, "Who holds the copyright?", *TINY, "-n", "10")
     as_json = invoke("qa", doc, "Who holds the copyright?", *TINY, "-n", "10", "--json")

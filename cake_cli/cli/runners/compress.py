@@ -57,26 +57,39 @@ def compress_and_save(
         render_compress(result, progress.console)
 
 
+def answer_heading(index: int, count: int, question: str) -> str:
+    """The line before answer `index` (0-based) of `count` in plain text: '[2/3] QUESTION' (one line:
+    the question's line breaks become spaces). A reader splits the answers at these exact lines, in
+    order, so an answer may hold blank lines of its own; --json gives them as a list."""
+    return f"[{index + 1}/{count}] {' '.join(question.split())}"
+
+
 def answer_and_report(plans: list[Plan], opts: TaskOptions, progress: StderrProgress, output: Path | None) -> None:
-    """Tasks on one compressed prefix: a .cake file's, or the document's compressed once here (qa -q).
-    Text: the answers on stdout, a blank line between two; --json: one object (`results` for several)."""
+    """Tasks on one compressed prefix: a .cake file's, or the document's compressed once here (qa Q1 Q2).
+    Text: the answer on stdout; several: each after its `answer_heading` line, a blank line before the
+    next heading; --json: one object (`results` for several)."""
     stream = AnswerStream()
     cb = _callbacks(opts, progress, None if opts.json_out else stream)
     compressed = open_prefix(plans[0], cb, ready_model(plans[0].request, cb))
     results: list[RunResult] = []
+    several = len(plans) > 1  # several questions (qa Q1 Q2); else one task, maybe without a question
+    asked = [p.request.fields["question"] for p in plans] if several else []
+    headings = [answer_heading(i, len(asked), question) for i, question in enumerate(asked)]
     for index, plan in enumerate(plans):
-        if len(plans) > 1:
+        if several:
             progress.status(f"question {index + 1} of {len(plans)}: {plan.request.fields['question']}")
-            if index and not opts.json_out:
-                sys.stdout.write("\n")
+            if not opts.json_out:
+                sys.stdout.write(("\n" if index else "") + headings[index] + "\n")
         results.append(answer(compressed, plan, cb))
         stream.end_line()
     if opts.json_out:
         data = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
         text = json.dumps(data, indent=2) + "\n"
         sys.stdout.write(text)
+    elif not several:
+        text = results[0].answer + "\n"
     else:
-        text = "\n\n".join(r.answer for r in results) + "\n"
+        text = "\n\n".join(f"{heading}\n{r.answer}" for heading, r in zip(headings, results)) + "\n"
     if output is not None:
         write_atomic(output, text, "--output")
     if not opts.json_out and not opts.quiet:

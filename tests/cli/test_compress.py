@@ -30,6 +30,11 @@ def one_error_line(result, code: int, words: str) -> str:
     return lines[0]
 
 
+def flat(report: str) -> str:
+    """A rich report as one line of words (panel borders and line wrapping gone)."""
+    return " ".join(report.replace("│", " ").split())
+
+
 @pytest.fixture
 def doc(cli_env):
     path = cli_env / "notes.txt"
@@ -150,7 +155,26 @@ def test_saved_cache_text_report_and_decode_policy(cake, policy):
     result = invoke("qa", path, QUESTIONS[0], "-n", "6", "--decode-policy", policy)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() and "saved cache" in result.stderr and "saved ·" in result.stderr
-    assert "prefill" in result.stderr and "stored vs" in result.stderr
+    assert "when compressed, read now in" in flat(result.stderr)
+
+
+def test_prefill_times_have_one_definition(cake, doc):
+    """`prefill_seconds` is the forward over the answer's own tokens; the document's prefill is
+    `cache.prefix_prefill_seconds` (once in this run, or when the file was made), and only a file saves it."""
+    path, made = cake
+    loaded = json.loads(invoke("qa", path, QUESTIONS[0], "-n", "2", "--json").stdout)
+    cache = loaded["cache"]
+    assert cache["prefix_prefill_seconds"] == made["prefill_seconds"] > 0, "the prefill the file records"
+    assert cache["prefill_saved_seconds"] == pytest.approx(cache["prefix_prefill_seconds"] - cache["read_seconds"])
+    assert "continuation_seconds" not in cache and "stored_prefill_seconds" not in cache
+    here = invoke("qa", doc, *QUESTIONS[:2], *TINY, "-b", "64", "-n", "2", "--json")
+    first, second = (r["cache"] for r in json.loads(here.stdout)["results"])
+    assert first["prefix_prefill_seconds"] == second["prefix_prefill_seconds"] > 0, "one prefill for both questions"
+    assert first["prefill_saved_seconds"] == second["prefill_saved_seconds"] == 0.0, "nothing was loaded"
+    assert first["read_seconds"] == 0.0 and first["path"] is None
+    report = flat(invoke("qa", doc, *QUESTIONS[:2], *TINY, "-b", "64", "-n", "2").stderr)
+    assert "document prefix prefilled in this run in" in report and "once for every question" in report
+    assert f"prefill of the {first['continuation_tokens']} task tokens" in report
 
 
 def test_summarize_and_needle_take_a_cake_file(cake):

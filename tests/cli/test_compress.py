@@ -256,6 +256,73 @@ def test_chat_text_on_a_document(doc, cli_env):
     assert out.read_text().startswith(f"Q: {QUESTIONS[0]}\nA: ")
 
 
+def scripted_terminal(monkeypatch, lines, stdout_tty=True):
+    """Chat on a terminal: stdin (and stdout) are ttys, and `input()` answers from `lines` in turn; an
+    exception class in `lines` is raised instead (KeyboardInterrupt: Ctrl-C, EOFError: Ctrl-D)."""
+    from cake_cli.cli.runners import compress as sessions
+
+    monkeypatch.setattr(sessions, "terminal", lambda: (True, stdout_tty))
+    script = list(lines)
+
+    def typed(prompt=""):
+        assert prompt == sessions.PROMPT
+        item = script.pop(0)
+        if isinstance(item, type):
+            raise item
+        return item
+
+    monkeypatch.setattr("builtins.input", typed)
+
+
+def test_ctrl_c_in_chat_stops_the_answer_and_asks_again(cake, cli_env, monkeypatch):
+    """Ctrl-C while an answer streams (simulated from the streaming callback) ends that answer only: the
+    next question is answered from the same compressed document, and Ctrl-D then leaves with exit 0."""
+    from cake_cli.cli import stream
+
+    path, _ = cake
+    real, pieces = stream.AnswerStream.text, []
+
+    def text(self, piece):
+        pieces.append(piece)
+        if len(pieces) == 2:  # the first answer, mid-stream
+            raise KeyboardInterrupt
+        real(self, piece)
+
+    monkeypatch.setattr(stream.AnswerStream, "text", text)
+    scripted_terminal(monkeypatch, [QUESTIONS[0], QUESTIONS[1], EOFError])
+    out = cli_env / "chat.txt"
+    result = invoke("chat", path, "-n", "6", "-o", out)
+    assert result.exit_code == 0, result.stderr
+    assert "answer stopped" in result.stderr and "interrupted" not in result.stderr
+    single = json.loads(invoke("qa", path, QUESTIONS[1], "-n", "6", "--json").stdout)
+    assert out.read_text() == f"Q: {QUESTIONS[1]}\nA: {single['answer']}\n", "the stopped turn is not in it"
+    assert result.stdout.endswith(single["answer"] + "\n")
+    assert "turn 1:" in result.stderr and "turn 2:" not in result.stderr
+
+
+def test_ctrl_c_at_the_chat_prompt_leaves_with_130(cake, cli_env, monkeypatch):
+    path, _ = cake
+    scripted_terminal(monkeypatch, [QUESTIONS[0], KeyboardInterrupt])
+    out = cli_env / "chat.txt"
+    result = invoke("chat", path, "-n", "4", "-o", out)
+    assert result.exit_code == 130, result.stderr
+    assert result.stderr.rstrip().endswith("interrupted")
+    assert out.read_text().startswith(f"Q: {QUESTIONS[0]}\nA: "), "what was answered is kept"
+    from cake_cli.cli.runners import compress as sessions
+
+    assert sessions.readline is not None, "the prompt's input() has readline's line editing and history"
+
+
+def test_ctrl_d_at_the_chat_prompt_ends_its_line(cake, monkeypatch):
+    """stdin a terminal, stdout piped: the prompt goes to stderr, and Ctrl-D (end of input) ends its line."""
+    path, _ = cake
+    scripted_terminal(monkeypatch, [], stdout_tty=False)
+    result = invoke("chat", path, "-n", "4", input=f"{QUESTIONS[0]}\n")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.count("question> ") == 2 and result.stderr.endswith("question> \n")
+    assert "question>" not in result.stdout and result.stdout.strip()
+
+
 # ---------------------------------------------------------------- bad input
 def test_truncated_cake(cake, cli_env):
     path, _ = cake

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from cake_cli.batch.output import encode_line, failure_message, line_tokens, row_line
 from cake_cli.batch.pool import RERUN_HINT, InlineExecutor, ProcessExecutor
 from cake_cli.batch.ray_actors import RayExecutor
-from cake_cli.batch.rows import BatchRow, row_request
+from cake_cli.batch.rows import BatchRow, key_options, row_request
 from cake_cli.errors import CakeError
 from cake_cli.tasks.cores import capped_threads, usable_cores
 from cake_cli.tasks.planning import plan
@@ -46,13 +46,16 @@ class BatchSummary:
         return self.failed == 0 and self.skipped + self.done == self.rows
 
     def to_dict(self) -> dict:
-        """JSON-ready: the fields plus documents per hour and tokens per second (of this run)."""
+        """JSON-ready: the fields plus documents per hour and tokens per second of this run's
+        successful rows (null when none succeeded: a rerun that only met failing rows again, or ran
+        nothing, has no rate to show)."""
         data = asdict(self)
-        rate = self.run_seconds if self.run_seconds > 0 else float("inf")
+        ran = self.done - self.failed
+        measured = ran > 0 and self.run_seconds > 0
         data.update(
             succeeded=self.succeeded,
-            documents_per_hour=round(self.done * 3600 / rate, 2),
-            tokens_per_second=round(self.tokens / rate, 2),
+            documents_per_hour=round(ran * 3600 / self.run_seconds, 2) if measured else None,
+            tokens_per_second=round(self.tokens / self.run_seconds, 2) if measured else None,
         )
         return data
 
@@ -98,7 +101,7 @@ def run_rows(
         CakeError: no worker is left (the rows not written run on a rerun).
     """
     todo = list(reversed(rows))
-    in_flight = 0
+    in_flight, options = 0, key_options(base)
     start = time.perf_counter()
     while todo or in_flight:
         while todo and executor.free() > 0:
@@ -106,7 +109,7 @@ def run_rows(
             try:
                 checked = plan(row_request(base, row))
             except Exception as exc:  # noqa: BLE001 - a bad row is recorded, the batch goes on
-                _record(row_line(row, base.task, error=failure_message(exc)), write, summary, on_line)
+                _record(row_line(row, base.task, error=failure_message(exc)), options, write, summary, on_line)
                 continue
             executor.submit(row, checked)
             in_flight += 1
@@ -117,11 +120,13 @@ def run_rows(
         _, line = executor.next()
         in_flight -= 1
         summary.run_seconds = time.perf_counter() - start
-        _record(line, write, summary, on_line)
+        _record(line, options, write, summary, on_line)
     summary.run_seconds = time.perf_counter() - start
 
 
-def _record(line: dict, write: Callable[[str], None], summary: BatchSummary, on_line) -> None:
+def _record(line: dict, options: dict, write: Callable[[str], None], summary: BatchSummary, on_line) -> None:
+    """Write a finished row's line (with the options it ran with) and count it."""
+    line = {**line, "options": options}
     write(encode_line(line))
     summary.done += 1
     summary.failed += line["error"] is not None

@@ -120,8 +120,12 @@ def test_a_rerun_skips_the_rows_already_in_the_output(cli_env, docs):
     nothing = invoke("batch", "summarize", docs, "-o", out, *TINY, "--json")
     assert nothing.exit_code == 0 and json.loads(nothing.stdout)["done"] == 0
     assert "loading the model" not in nothing.stderr, "nothing to do: no model is loaded"
-    other = invoke("batch", "summarize", docs, "-o", out, *TINY, "-b", "96", "--json")  # other options: other keys
-    assert json.loads(other.stdout)["done"] == 5 and len(lines(out)) == 10
+    kept = out.read_bytes()
+    other = invoke("batch", "summarize", docs, "-o", out, *TINY, "-n", "5")  # other options: refused, in one line
+    assert other.exit_code == 2 and other.stdout == "" and out.read_bytes() == kept
+    assert other.stderr.count("\n") == 1 and "--max-new-tokens 4, this run --max-new-tokens 5" in other.stderr
+    assert "-o " + str(cli_env / "results-2.jsonl") in other.stderr
+    assert all(line["options"]["max_new_tokens"] == 4 for line in lines(out))
 
 
 def test_a_rerun_runs_the_failed_rows_again(cli_env, docs):
@@ -131,13 +135,14 @@ def test_a_rerun_runs_the_failed_rows_again(cli_env, docs):
     again = invoke("batch", "summarize", docs, "-o", out, *TINY, "--json")  # still empty: fails again
     summary = json.loads(again.stdout)
     assert again.exit_code == 1 and (summary["skipped"], summary["failed_before"], summary["failed"]) == (3, 1, 1)
-    assert len(lines(out)) == 5
+    assert len(lines(out)) == 4, "the row run again replaced its line: one line per document"
+    assert summary["documents_per_hour"] is None and "documents/hour" not in again.stderr, "no rate from failures"
     (docs / "empty.txt").write_text("Now the file has words in it, enough to summarize.", encoding="utf-8")
     fixed = invoke("batch", "summarize", docs, "-o", out, *TINY, "--json")
     summary = json.loads(fixed.stdout)
     assert fixed.exit_code == 0, fixed.stderr
     assert (summary["skipped"], summary["done"], summary["failed"], summary["succeeded"]) == (3, 1, 0, True)
-    assert lines(out)[-1]["error"] is None and len(lines(out)) == 6  # the row's last line wins
+    assert lines(out)[-1]["error"] is None and len(lines(out)) == 4  # the row's last line, in its place
 
 
 def test_one_worker_follows_the_load_and_threads_do_not_change_the_key(cli_env, docs):

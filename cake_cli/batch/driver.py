@@ -66,17 +66,20 @@ def make_executor(
     threads: int | None,
     ray_address: str | None,
     on_warning: Callable[[str], None] | None = None,
+    verbose: bool = False,
+    rows: int | None = None,
 ):
     """The executor for `--workers`, `--threads` and `--ray`. Locally: `workers` (default 1),
     torch threads = cores // workers unless `threads` (held to the usable cores, with a warning;
     one worker without `threads`: each row's threads follow the load, as a single document's do);
-    on Ray see `ray_actors.ray_slots`.
+    on Ray see `ray_actors.ray_slots` (`verbose`: Ray's own logging on stderr; `rows`: how many
+    will run, the most actors `--ray local` starts by default).
 
     Raises:
         CakeError: --ray without Ray installed.
     """
     if ray_address is not None:
-        return RayExecutor(request, ray_address, workers, threads, on_warning)
+        return RayExecutor(request, ray_address, workers, threads, on_warning, verbose, rows)
     threads, too_many = capped_threads(threads)
     if too_many and on_warning:
         on_warning(too_many)

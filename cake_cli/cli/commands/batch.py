@@ -59,7 +59,8 @@ Workers = Annotated[
         metavar="N",
         show_default=False,
         help="Workers, each loading the model once: N processes on this machine (default 1, in this process); "
-        "with --ray, N actors (default one per GPU, else one per node).",
+        "with --ray, N actors (default one per GPU; else with --ray local one per usable core, at most one per "
+        "row, and on a cluster one per node).",
     ),
 ]
 Threads = Annotated[
@@ -94,6 +95,10 @@ BatchOutput = Annotated[
         "again; a file of rows made with other options is refused.",
     ),
 ]
+Verbose = Annotated[
+    bool,
+    typer.Option("--verbose", metavar="", help="With --ray: show Ray's own logging and the actors' output on stderr."),
+]
 BatchJson = Annotated[
     bool, typer.Option("--json", metavar="", help="Print a JSON summary of the batch to stdout (rows, failed, rates).")
 ]
@@ -117,6 +122,7 @@ def batch(
     field: Field = None,
     workers: Workers = None,
     ray: Ray = None,
+    verbose: Verbose = False,
     *,
     opts: BatchOptions,
 ) -> None:
@@ -147,5 +153,5 @@ def batch(
         rows, duplicates = batch_rows(input, base, template, pattern, fields, output)
         from cake_cli.cli.runners import batch as batch_run  # noqa: PLC0415 - torch loads after the checks
 
-        code = batch_run.run_and_report(base, rows, duplicates, output, opts, (workers, threads, ray))
+        code = batch_run.run_and_report(base, rows, duplicates, output, opts, (workers, threads, ray, verbose))
     raise typer.Exit(code)

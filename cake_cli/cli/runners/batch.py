@@ -26,7 +26,7 @@ def run_and_report(
     duplicates: int,
     output: Path,
     opts: TaskOptions,
-    executor_options: tuple[int | None, int | None, str | None],
+    executor_options: tuple[int | None, int | None, str | None, bool],
 ) -> int:
     """Run the rows of INPUT not yet in `output` and report; returns the exit code (0: every row of
     INPUT has a successful line in `output`, else 1).
@@ -62,8 +62,8 @@ def run_and_report(
 
 def _run(base, todo, summary: BatchSummary, appender: LineAppender, progress: StderrProgress, executor_options):
     """Start the workers, run `todo` with a progress bar, stop the workers (also on errors and Ctrl-C)."""
-    workers, threads, ray = executor_options
-    executor = make_executor(base, workers, threads, ray, progress.warning)
+    workers, threads, ray, verbose = executor_options
+    executor = make_executor(base, workers, threads, ray, progress.warning, verbose, len(todo))
     try:
         start = time.perf_counter()
         where = f"Ray ({ray})" if ray is not None else "this machine"

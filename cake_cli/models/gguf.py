@@ -32,6 +32,7 @@ from cake_cli.files import atomic_dir
 from cake_cli.models import checkpoints, embedded
 from cake_cli.models.embedded import EmbeddedModel
 from cake_cli.models.support import check_gguf_architecture
+from cake_cli.paths import check_home
 
 Progress = Callable[[str], None] | None
 
@@ -113,7 +114,9 @@ def ensure_converted(gguf: Path, progress: Progress = None) -> Path:
 
 
 def _build(dest: Path, room: int, build: Callable[[Path], None]) -> Path:
-    """Run ``build(tmp)`` in an atomic folder that becomes ``dest``; write errors become one line."""
+    """Run ``build(tmp)`` in an atomic folder that becomes ``dest``; write errors become one line
+    (a CAKE_HOME that is a file says so, not that the disk is full)."""
+    check_home()
     try:
         with atomic_dir(dest) as tmp:
             build(tmp)

@@ -301,6 +301,21 @@ def test_a_full_disk_while_joining_leaves_nothing(fake, monkeypatch):
     assert "it needs about 0.0 GB free there" in e.hint and nothing_left()
 
 
+def test_a_cake_home_that_is_a_file_says_so(fake, tmp_path, monkeypatch):
+    """It got the full-disk hint ("free space or point CAKE_HOME elsewhere")."""
+    fake()
+    home = tmp_path / "home-file"
+    home.write_text("not a folder")
+    monkeypatch.setenv("CAKE_HOME", str(home))
+    e = error_of("tiny-embedded")
+    assert e.message == f"CAKE_HOME {home} is a file, not a folder"
+    assert e.hint == "point CAKE_HOME at a folder (it is created when needed), or unset it"
+    monkeypatch.setenv("CAKE_HOME", str(home / "below"))
+    below = error_of("tiny-embedded").message
+    assert below == f"CAKE_HOME {home / 'below'} is inside {home}, which is a file, not a folder"
+    assert home.read_text() == "not a folder"
+
+
 def test_an_interrupted_conversion_leaves_nothing(fake, monkeypatch):
     fake()
 

@@ -28,6 +28,11 @@ def models_dir() -> Path:
     return cake_home() / "models"
 
 
+def locks_dir() -> Path:
+    """Lock files of work two cake runs must not do at once (`files.exclusive`): ``cake_home()/locks``."""
+    return cake_home() / "locks"
+
+
 def user_profiles_dir() -> Path:
     """The user's own profiles: ``cake_home()/profiles``."""
     return cake_home() / "profiles"

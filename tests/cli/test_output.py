@@ -112,3 +112,41 @@ def test_output_errors_name_the_file_when_there_is_one():
     assert full.message == "cannot write to stdout: No space left on device"
     named = output_error(OSError(errno.EFBIG, "File too large", "/tmp/x.txt"))
     assert named.message == "cannot write to /tmp/x.txt: File too large"
+
+
+def test_exclusive_waits_for_the_holder(tmp_path):
+    import threading
+
+    from cake_cli.files import exclusive
+
+    lock, order, waited = tmp_path / "locks" / "x.lock", [], []
+    with exclusive(lock):
+        other = threading.Thread(target=lambda: exclusive_run(lock, order, waited))
+        other.start()
+        other.join(0.3)
+        assert other.is_alive() and waited == [True], "the second holder waits"
+        order.append("first done")
+    other.join(10)
+    assert order == ["first done", "second ran"]
+
+
+def exclusive_run(lock, order, waited):
+    from cake_cli.files import exclusive
+
+    with exclusive(lock, on_wait=lambda: waited.append(True)):
+        order.append("second ran")
+
+
+def test_a_built_folder_gets_plain_modes(tmp_path):
+    from cake_cli.files import atomic_dir
+
+    umask = os.umask(0o027)
+    try:
+        with atomic_dir(tmp_path / "ckpt") as tmp:
+            (tmp / "model.safetensors").write_bytes(b"x")
+            (tmp / "model.safetensors").chmod(0o600)  # as safetensors writes it
+            (tmp / "sub").mkdir(mode=0o700)
+    finally:
+        os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "ckpt", *(tmp_path / "ckpt").rglob("*"))}
+    assert modes == {"ckpt": 0o750, "model.safetensors": 0o640, "sub": 0o750}

@@ -6,10 +6,12 @@ import errno
 import os
 import sys
 from contextlib import contextmanager
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
+from cake_cli import __version__
 from cake_cli.cli.options import FLAGS
 from cake_cli.cli.progress import stderr_console
 from cake_cli.engine.config import ConfigError
@@ -23,9 +25,27 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command's, too (click passes it down)
     help="Long-document tasks with a causal LM under a fixed KV-cache budget, using CAKE "
     "(cascading and adaptive KV cache eviction with layer preferences, ICLR 2025).",
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        with handled():
+            typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", metavar="", is_eager=True, callback=_print_version, help="Print the version."),
+    ] = False,
+) -> None:
+    """The options of `cake` itself (before any command): --version, --help."""
 
 
 def _no_type_column() -> None:

@@ -89,6 +89,7 @@ def test_bad_rows_get_one_line_errors_and_the_batch_goes_on(cli_env, docs):
     assert "looks scanned" in by_name["scan.pdf"]["error"]
     for name in ("empty.txt", "blob.bin", "scan.pdf"):
         assert by_name[name]["result"] is None and "\n" not in by_name[name]["error"]
+        assert "stdin" not in by_name[name]["error"] and "pipe" not in by_name[name]["error"], "no hint of the CLI's"
         assert by_name[name]["error"] in result.stderr  # shown as it happened
     assert all(by_name[f"doc{n}.txt"]["result"]["answer"] for n in range(3))
     summary = json.loads(result.stdout)
@@ -102,7 +103,8 @@ def test_a_missing_manifest_document_is_a_row_error(cli_env, docs):
     result = invoke("batch", "summarize", manifest, "-o", out, *TINY)
     assert result.exit_code == 1
     ok, missing = lines(out)
-    assert ok["error"] is None and "no such file" in missing["error"] and missing["result"] is None
+    assert ok["error"] is None and missing["result"] is None
+    assert missing["error"] == f"{cli_env / 'docs' / 'gone.txt'}: no such file — check the path", "no stdin hint"
 
 
 # ---------------------------------------------------------------- resume

@@ -30,7 +30,7 @@ Questions = Annotated[
         help="The question; it ends the prompt, inside CAKE's observation window. Several questions (Q1 Q2 …) "
         "share one prefill of the document: it is kept whole, then each question evicts a copy with itself in "
         "the observation window (question-aware, as `cake compress`'s default).",
-        metavar="QUESTION...",
+        metavar="QUESTION",
         show_default=False,
     ),
 ]

@@ -4,9 +4,11 @@ clobbers the old one.
 Every writer in cake-cli goes through here: ``-o/--output`` files, benchmark results, profile
 edits, saved caches, converted model checkpoints. A file is written to a temporary file in the
 same folder, flushed and fsynced, given the mode a plain ``open()`` would give it (the old file's
-mode when replacing one), then renamed over the target. The one file that grows instead,
-``cake batch``'s JSONL results, is appended a whole fsynced line at a time (``LineAppender``); a
-half-written last line left by a killed run is cut when it is reopened.
+mode when replacing one), then renamed over the target; a folder's files get that mode too (the
+umask's), whatever the library that wrote them chose (safetensors writes 0600). The one file
+that grows instead, ``cake batch``'s JSONL results, is appended a whole fsynced line at a time
+(``LineAppender``); a half-written last line left by a killed run is cut when it is reopened.
+``exclusive`` is a lock file for work that two processes must not do at once (converting a model).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -122,12 +124,22 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     dest.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(dest)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; this is an ordinary cache folder
     try:
         yield tmp
+        _plain_modes(tmp)
         _install(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plain_modes(root: Path) -> None:
+    """Give `root`, every folder and every file below it the mode `mkdir` / `open()` would give (the
+    umask's): mkdtemp makes the folder private and safetensors writes its files 0600, which a shared
+    CAKE_HOME's other users then cannot read."""
+    umask = _umask()
+    for path in (root, *root.rglob("*")):
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def _umask() -> int:
@@ -161,6 +173,30 @@ def _remove_stale(dest: Path) -> None:
                     shutil.rmtree(d, ignore_errors=True)
             except OSError:
                 pass
+
+
+@contextmanager
+def exclusive(lock: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on the file `lock` (created, with its folder, when missing) for the block.
+    When another process (or another open of it) holds it, `on_wait()` is called once and this waits
+    until it is released, as it is when its holder ends or dies. The file stays (it holds nothing).
+
+    Raises:
+        OSError: the lock file cannot be created (callers phrase the fix).
+        KeyboardInterrupt: Ctrl-C while waiting.
+    """
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 class LineAppender:

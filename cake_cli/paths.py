@@ -11,6 +11,8 @@ from pathlib import Path
 
 import platformdirs
 
+from cake_cli.errors import CakeError
+
 APP_NAME = "cake-cli"
 
 
@@ -26,6 +28,31 @@ def models_dir() -> Path:
     return cake_home() / "models"
 
 
+def locks_dir() -> Path:
+    """Lock files of work two cake runs must not do at once (`files.exclusive`): ``cake_home()/locks``."""
+    return cake_home() / "locks"
+
+
 def user_profiles_dir() -> Path:
     """The user's own profiles: ``cake_home()/profiles``."""
     return cake_home() / "profiles"
+
+
+def check_home() -> Path:
+    """`cake_home()`, checked before anything is written under it: it must be a folder, or not exist
+    yet (it is created when needed).
+
+    Raises:
+        CakeError: it, or a path above it, is a file (not a folder).
+    """
+    home = cake_home()
+    blocked = next((p for p in (home, *home.parents) if p.exists() and not p.is_dir()), None)
+    if blocked is None:
+        return home
+    where = f"CAKE_HOME {home}" if os.environ.get("CAKE_HOME") else f"the cache folder {home}"
+    what = "is a file" if blocked == home else f"is inside {blocked}, which is a file"
+    if os.environ.get("CAKE_HOME"):
+        hint = "point CAKE_HOME at a folder (it is created when needed), or unset it"
+    else:
+        hint = f"move {blocked} away, or set CAKE_HOME to a folder"
+    raise CakeError(f"{where} {what}, not a folder", hint)

@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass
 from cake_cli.batch.output import encode_line, failure_message, line_tokens, row_line
 from cake_cli.batch.pool import RERUN_HINT, InlineExecutor, ProcessExecutor
 from cake_cli.batch.ray_actors import RayExecutor
-from cake_cli.batch.rows import BatchRow, row_request
+from cake_cli.batch.rows import BatchRow, key_options, row_request
 from cake_cli.errors import CakeError
+from cake_cli.tasks.cores import capped_threads, usable_cores
 from cake_cli.tasks.planning import plan
 from cake_cli.tasks.request import TaskRequest
-from cake_cli.tasks.threads import usable_cores
 
 
 @dataclass
@@ -46,13 +46,16 @@ class BatchSummary:
         return self.failed == 0 and self.skipped + self.done == self.rows
 
     def to_dict(self) -> dict:
-        """JSON-ready: the fields plus documents per hour and tokens per second (of this run)."""
+        """JSON-ready: the fields plus documents per hour and tokens per second of this run's
+        successful rows (null when none succeeded: a rerun that only met failing rows again, or ran
+        nothing, has no rate to show)."""
         data = asdict(self)
-        rate = self.run_seconds if self.run_seconds > 0 else float("inf")
+        ran = self.done - self.failed
+        measured = ran > 0 and self.run_seconds > 0
         data.update(
             succeeded=self.succeeded,
-            documents_per_hour=round(self.done * 3600 / rate, 2),
-            tokens_per_second=round(self.tokens / rate, 2),
+            documents_per_hour=round(ran * 3600 / self.run_seconds, 2) if measured else None,
+            tokens_per_second=round(self.tokens / self.run_seconds, 2) if measured else None,
         )
         return data
 
@@ -63,16 +66,23 @@ def make_executor(
     threads: int | None,
     ray_address: str | None,
     on_warning: Callable[[str], None] | None = None,
+    verbose: bool = False,
+    rows: int | None = None,
 ):
     """The executor for `--workers`, `--threads` and `--ray`. Locally: `workers` (default 1),
-    torch threads = cores // workers unless `threads` (one worker without `threads`: each row's
-    threads follow the load, as a single document's do); on Ray see `batch_ray.ray_slots`.
+    torch threads = cores // workers unless `threads` (held to the usable cores, with a warning;
+    one worker without `threads`: each row's threads follow the load, as a single document's do);
+    on Ray see `ray_actors.ray_slots` (`verbose`: Ray's own logging on stderr; `rows`: how many
+    will run, the most actors `--ray local` starts by default).
 
     Raises:
         CakeError: --ray without Ray installed.
     """
     if ray_address is not None:
-        return RayExecutor(request, ray_address, workers, threads, on_warning)
+        return RayExecutor(request, ray_address, workers, threads, on_warning, verbose, rows)
+    threads, too_many = capped_threads(threads)
+    if too_many and on_warning:
+        on_warning(too_many)
     workers, follow_load = workers or 1, threads is None
     threads = threads or max(1, usable_cores() // workers)
     if workers == 1:  # alone on the machine: without --threads, every row follows the load (`tasks.threads`)
@@ -94,7 +104,7 @@ def run_rows(
         CakeError: no worker is left (the rows not written run on a rerun).
     """
     todo = list(reversed(rows))
-    in_flight = 0
+    in_flight, options = 0, key_options(base)
     start = time.perf_counter()
     while todo or in_flight:
         while todo and executor.free() > 0:
@@ -102,7 +112,7 @@ def run_rows(
             try:
                 checked = plan(row_request(base, row))
             except Exception as exc:  # noqa: BLE001 - a bad row is recorded, the batch goes on
-                _record(row_line(row, base.task, error=failure_message(exc)), write, summary, on_line)
+                _record(row_line(row, base.task, error=failure_message(exc)), options, write, summary, on_line)
                 continue
             executor.submit(row, checked)
             in_flight += 1
@@ -113,11 +123,13 @@ def run_rows(
         _, line = executor.next()
         in_flight -= 1
         summary.run_seconds = time.perf_counter() - start
-        _record(line, write, summary, on_line)
+        _record(line, options, write, summary, on_line)
     summary.run_seconds = time.perf_counter() - start
 
 
-def _record(line: dict, write: Callable[[str], None], summary: BatchSummary, on_line) -> None:
+def _record(line: dict, options: dict, write: Callable[[str], None], summary: BatchSummary, on_line) -> None:
+    """Write a finished row's line (with the options it ran with) and count it."""
+    line = {**line, "options": options}
     write(encode_line(line))
     summary.done += 1
     summary.failed += line["error"] is not None

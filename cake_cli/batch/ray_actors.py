@@ -7,9 +7,11 @@ Ray runs the rows and brings a crashed actor back once (`max_restarts=1`), runni
 Rows are sent already checked, with their document's text (`tasks.planning.plan` ran in the
 driver), so the cluster needs no access to the documents; each node needs cake-cli and the model.
 
-ADDRESS: `local` starts a Ray instance on this machine for the batch (stopped after it); `auto`,
-`HOST:PORT` or `ray://HOST:10001` connect to a running cluster (Ray's own address forms).
-Ray is an optional dependency (`pip install 'cake-cli[ray]'`), imported only here.
+ADDRESS: `local` starts a Ray instance on this machine for the batch (stopped after it), with one
+actor per usable core by default (at most one per row); `auto`, `HOST:PORT` or `ray://HOST:10001`
+connect to a running cluster (Ray's own address forms). Ray's own logging (its warnings, the
+actors' output) stays off stderr unless `--verbose`. Ray is an optional dependency
+(`pip install 'cake-cli[ray]'`), imported only here.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from cake_cli.batch.pool import RERUN_HINT, load_error
 from cake_cli.batch.rows import BatchRow
 from cake_cli.batch.worker import RowWorker
 from cake_cli.errors import CakeError, UsageError, first_line
+from cake_cli.tasks.cores import usable_cores
 from cake_cli.tasks.request import Plan, TaskRequest
 
 LOCAL = "local"
@@ -38,12 +41,15 @@ def import_ray():
     return ray
 
 
-def ray_slots(nodes: list[dict], workers: int | None, threads: int | None) -> tuple[int, int, bool]:
+def ray_slots(
+    nodes: list[dict], workers: int | None, threads: int | None, default_workers: int | None = None
+) -> tuple[int, int, bool]:
     """How many actors and torch threads each, from `ray.nodes()` (alive nodes' `Resources`).
 
     With GPUs: one actor per GPU by default (`workers` at most the GPU count), 1 thread each
-    unless `threads`. Without: one actor per node by default, each with the smallest node's CPUs
-    shared by the actors per node, unless `threads`.
+    unless `threads`. Without: `default_workers` actors by default (`--ray local`: one per usable
+    core), else one per node, each with the smallest node's CPUs shared by the actors per node,
+    unless `threads`.
 
     Returns:
         (workers, threads, on_gpu).
@@ -61,7 +67,7 @@ def ray_slots(nodes: list[dict], workers: int | None, threads: int | None) -> tu
             raise UsageError(f"--workers {count} is more than the cluster's {gpus} GPUs", f"use --workers {gpus}")
         return count, threads or 1, True
     cpus = [int(r.get("CPU", 0)) for r in alive]
-    count = workers or len(alive)
+    count = workers or default_workers or len(alive)
     per_node = -(-count // len(alive))  # ceil
     threads = threads or max(1, min(cpus) // per_node)
     fits = sum(c // threads for c in cpus)
@@ -73,21 +79,27 @@ def ray_slots(nodes: list[dict], workers: int | None, threads: int | None) -> tu
     return count, threads, False
 
 
-def connect(ray, address: str) -> bool:
-    """Join `address` (see the module doc); returns True when this call started the connection
-    (so `close` ends it). A process already connected (a test's `ray.init`) keeps its instance.
+def init_options(address: str, verbose: bool = False) -> dict:
+    """`ray.init` keywords for `address`: Ray's log lines and the actors' output reach stderr only
+    when `verbose` (else Ray logs errors only, e.g. no token-authentication warning on every run);
+    `local` starts an instance without the dashboard, on the usable cores."""
+    logs = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.ERROR)
+    if address == LOCAL:
+        return dict(address="local", include_dashboard=False, num_cpus=usable_cores(), **logs)
+    return dict(address=address, **logs)
+
+
+def connect(ray, address: str, verbose: bool = False) -> bool:
+    """Join `address` (see the module doc; `init_options`); returns True when this call started the
+    connection (so `close` ends it). A process already connected (a test's `ray.init`) keeps its instance.
 
     Raises:
         CakeError: the cluster cannot be reached.
     """
     if ray.is_initialized():
         return False
-    quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
     try:
-        if address == LOCAL:
-            ray.init(address="local", include_dashboard=False, **quiet)
-        else:
-            ray.init(address=address, **quiet)
+        ray.init(**init_options(address, verbose))
     except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable cluster
         raise CakeError(
             f"cannot connect to the Ray cluster at {address}: {first_line(exc)}",
@@ -108,10 +120,16 @@ class RayExecutor:
         workers: int | None,
         threads: int | None,
         on_warning: Callable[[str], None] | None = None,
+        verbose: bool = False,
+        rows: int | None = None,
     ):
-        self.request, self.address = request, address
+        self.request, self.address, self.verbose = request, address, verbose
         self.workers, self.threads = workers or 0, threads or 0
         self._asked = (workers, threads)
+        # `--ray local` without --workers: one actor per usable core (per --threads cores), at most one per row
+        self.default_workers = None
+        if address == LOCAL:
+            self.default_workers = max(1, min(usable_cores() // (threads or 1), rows or usable_cores()))
         self.on_warning = on_warning or (lambda message: None)
         self.ray = import_ray()
         self.started = False
@@ -126,8 +144,8 @@ class RayExecutor:
             CakeError: Ray is unreachable or a model cannot load; UsageError: the actors do not fit.
         """
         ray = self.ray
-        self.started = connect(ray, self.address)
-        self.workers, self.threads, on_gpu = ray_slots(ray.nodes(), *self._asked)
+        self.started = connect(ray, self.address, self.verbose)
+        self.workers, self.threads, on_gpu = ray_slots(ray.nodes(), *self._asked, self.default_workers)
         env = {k: v for k, v in os.environ.items() if k.startswith(PASSED_ENV)}
         actor = ray.remote(RowWorker).options(
             num_cpus=self.threads,

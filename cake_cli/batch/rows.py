@@ -60,15 +60,72 @@ def check_options(base: TaskRequest) -> Template:
     return template
 
 
+def key_options(request: TaskRequest) -> dict:
+    """The options a row's key covers: the request's task and settings that can change the answer,
+    those set (None means the default, so adding an option to `TaskRequest` later keeps old keys);
+    JSON-ready. Every line of an output records them (`batch.output`)."""
+    options = {k: v for k, v in asdict(request).items() if k not in KEY_EXCLUDED and v is not None}
+    return json.loads(json.dumps(options, sort_keys=True, default=str, ensure_ascii=False))
+
+
+# what the user typed for each key option (a dotted name: a field of a nested settings object)
+OPTION_FLAGS = {
+    "task": "TASK",
+    "model": "--model",
+    "budget": "--budget",
+    "window": "--window",
+    "decode_policy": "--decode-policy",
+    "dtype": "--dtype",
+    "attention": "--attention",
+    "device_map": "--device-map",
+    "max_new_tokens": "--max-new-tokens",
+    "sampling.temperature": "--temperature",
+    "sampling.top_p": "--top-p",
+    "sampling.seed": "--seed",
+    "sampling.no_repeat_ngram_size": "--no-repeat-ngram",
+    "no_repeat_ngram_size": "--no-repeat-ngram",
+    "truncate": "--truncate",
+    "method": "--method",
+    "allocation": "--allocation",
+    "indicator": "--indicator",
+    "at_line": "--at",
+    "max_lines": "--lines",
+}
+
+
+def _flat(options: dict, prefix: str = "") -> dict:
+    out = {}
+    for name, value in options.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = value
+    return out
+
+
+def option_difference(before: dict, now: dict) -> str | None:
+    """The first option (as the command line names it) that differs between two `key_options`, as
+    '--max-new-tokens 60, this run --max-new-tokens 61'; None when they are the same."""
+    old, new = _flat(before), _flat(now)
+    order = list(OPTION_FLAGS)
+    for name in sorted(set(old) | set(new), key=lambda n: (order.index(n) if n in order else len(order), n)):
+        if old.get(name) != new.get(name):
+            flag = OPTION_FLAGS.get(name, f"--{name.replace('_', '-')}")
+
+            def shown(value, flag=flag):
+                return f"no {flag} (its default)" if value is None else f"{flag} {value}"
+
+            return f"{shown(old.get(name))}, this run {shown(new.get(name))}"
+    return None
+
+
 def row_key(request: TaskRequest) -> str:
     """The resume key of one row's request: sha-256 (first 32 hex digits) of its task, absolute
-    document path, fields and options (those set: None means the default, so adding an option to
-    `TaskRequest` later keeps old keys)."""
-    options = {k: v for k, v in asdict(request).items() if k not in KEY_EXCLUDED and v is not None}
+    document path, fields and options (`key_options`)."""
     data = {
         "document": str(Path(request.document).expanduser().resolve()),
         "fields": dict(sorted(request.fields.items())),
-        "options": options,
+        "options": key_options(request),
     }
     text = json.dumps(data, sort_keys=True, default=str, ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import sys
 from contextlib import contextmanager
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
+from cake_cli import __version__
 from cake_cli.cli.options import FLAGS
 from cake_cli.cli.progress import stderr_console
 from cake_cli.engine.config import ConfigError
@@ -21,9 +25,27 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command's, too (click passes it down)
     help="Long-document tasks with a causal LM under a fixed KV-cache budget, using CAKE "
     "(cascading and adaptive KV cache eviction with layer preferences, ICLR 2025).",
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        with handled():
+            typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", metavar="", is_eager=True, callback=_print_version, help="Print the version."),
+    ] = False,
+) -> None:
+    """The options of `cake` itself (before any command): --version, --help."""
 
 
 def _no_type_column() -> None:
@@ -41,15 +63,44 @@ def _no_type_column() -> None:
 _no_type_column()
 
 
+# an output that cannot take what is written: full disk or quota, file too large, reader gone (`| head`)
+OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EPIPE})
+
+
+def output_error(exc: OSError) -> CakeError:
+    """The one-line error of a write that failed (`OUTPUT_ERRNOS`): stdout's when the error names no
+    file (every file cake-cli writes itself fails as a CakeError before this)."""
+    what = "stdout" if exc.filename is None else str(exc.filename)
+    hint = "the program reading it stopped" if exc.errno == errno.EPIPE else "free space there, or write elsewhere"
+    return CakeError(f"cannot write to {what}: {exc.strerror or os.strerror(exc.errno)}", hint)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit cannot fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # not a real file (tests' captured stdout): nothing buffered to lose
+        pass
+
+
 @contextmanager
 def handled():
-    """Turn known errors into one line on stderr and an exit code (traceback only with CAKE_DEBUG=1)."""
+    """Turn known errors into one line on stderr and an exit code (traceback only with CAKE_DEBUG=1).
+    stdout is flushed before the block ends, so a full disk or a closed pipe is one of them."""
     err = stderr_console()
     try:
         try:
             yield
+            sys.stdout.flush()  # what is still buffered fails here, not in the interpreter's exit
         except ConfigError as exc:  # an engine setting: name it by its flag
             raise UsageError(*exc.render(FLAGS)) from exc
+        except OSError as exc:
+            if exc.errno not in OUTPUT_ERRNOS:
+                raise
+            _silence_stdout()
+            raise output_error(exc) from exc
     except CakeError as exc:
         if os.environ.get("CAKE_DEBUG") == "1":
             raise

@@ -96,15 +96,19 @@ Model = Annotated[
         "already in the Hugging Face cache. Default: the embedded model.",
     ),
 ]
-Budget = Annotated[
+_BUDGET = "KV cache budget B: tokens per layer on average, window included (B·L cache slots in all)."
+Budget = Annotated[  # commands that prefill a document themselves (compress, inspect-layers)
+    int | None,
+    typer.Option("--budget", "-b", metavar="TOKENS", show_default=False, help=f"{_BUDGET} Default: {DEFAULT_BUDGET}."),
+]
+TaskBudget = Annotated[  # task commands, which also take a .cake file
     int | None,
     typer.Option(
         "--budget",
         "-b",
         metavar="TOKENS",
         show_default=False,
-        help="KV cache budget B: tokens per layer on average, window included (B·L cache slots in all). "
-        f"Default: {DEFAULT_BUDGET}, or a .cake file's own.",
+        help=f"{_BUDGET} Default: {DEFAULT_BUDGET}, or a .cake file's own.",
     ),
 ]
 Window = Annotated[
@@ -164,14 +168,17 @@ Threads = Annotated[
 Password = Annotated[
     str | None, typer.Option("--password", metavar="TEXT", show_default=False, help="Password of an encrypted PDF.")
 ]
-Method = Annotated[
+_METHOD = (
+    f"KV eviction method: {', '.join(m for m in METHODS if m != 'full')}, or full (no eviction); also any "
+    "allocation+indicator pairing, e.g. cake+snapkv."
+)
+Method = Annotated[  # compress, inspect-layers
+    str | None, typer.Option("--method", metavar="NAME", show_default=False, help=f"{_METHOD} Default: cake.")
+]
+TaskMethod = Annotated[  # task commands, which also take a .cake file
     str | None,
     typer.Option(
-        "--method",
-        metavar="NAME",
-        show_default=False,
-        help=f"KV eviction method: {', '.join(m for m in METHODS if m != 'full')}, or full (no eviction); "
-        "also any allocation+indicator pairing, e.g. cake+snapkv. Default: cake, or a .cake file's own.",
+        "--method", metavar="NAME", show_default=False, help=f"{_METHOD} Default: cake, or a .cake file's own."
     ),
 ]
 Allocation = Annotated[
@@ -241,9 +248,9 @@ class PrefillOptions:
     """The options of every command that prefills a document (field name = parameter name)."""
 
     model: Model = None
-    budget: Budget = None  # None: DEFAULT_BUDGET, or a .cake file's own
+    budget: Budget = None  # None: DEFAULT_BUDGET (a task on a .cake file: the file's own)
     window: Window = None
-    method: Method = None  # None: cake, or a .cake file's own
+    method: Method = None  # None: cake (a task on a .cake file: the file's own)
     allocation: Allocation = None
     indicator: Indicator = None
     dtype: Dtype = "auto"
@@ -258,8 +265,11 @@ class PrefillOptions:
 
 @dataclasses.dataclass(frozen=True)
 class TaskOptions(PrefillOptions):
-    """PrefillOptions plus decoding and the output file (every task command)."""
+    """PrefillOptions plus decoding and the output file (every task command; a task also takes a .cake
+    file, whose budget and method are then the defaults)."""
 
+    budget: TaskBudget = None  # keeps its place among the fields; only the help text says more
+    method: TaskMethod = None
     decode_policy: DecodePolicy = "fixed"
     max_new_tokens: MaxNewTokens = None
     temperature: Temperature = 0.0

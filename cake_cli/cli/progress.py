@@ -97,21 +97,24 @@ def live_progress(console: Console, *columns, label: str = "", disable: bool = F
     return Progress(*columns, console=console, transient=True, disable=disable)
 
 
+def clock(seconds: float) -> str:
+    """12.3 -> '0:12', 3725 -> '1:02:05' (what rich's time columns show)."""
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 class StderrProgress:
-    """Prefill progress (layer by layer) and status lines on stderr; `quiet` keeps warnings only."""
+    """Prefill progress (layer by layer, with the time left) and status lines on stderr; `quiet`
+    keeps warnings only. Every prefill gets the same bar: a task's, `cake compress`'s, the document
+    prefix of `qa` with several questions and of `cake chat`."""
 
     def __init__(self, quiet: bool):
         self.console = stderr_console()
         self.quiet = quiet
-        self.bar = live_progress(
-            self.console,
-            TextColumn("prefill"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("layers"),
-            TimeElapsedColumn(),
-        )
+        self.bar: Progress | LineProgress | None = None  # the running prefill's
         self.task = None
+        self.first_done = 0.0  # time.monotonic() when its first layer finished
 
     def status(self, message: str) -> None:
         """A dim status line (not when quiet)."""
@@ -123,12 +126,30 @@ class StderrProgress:
         self.console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
     def layer(self, index: int, total: int) -> None:
-        """Layer `index` of `total` finished its prefill (not shown when quiet)."""
+        """Layer `index` of `total` finished its prefill (not shown when quiet). The time left is the
+        mean time of the layers since the first, times the layers to go (layers cost about the same)."""
         if self.quiet:
             return
-        if self.task is None:
+        now = time.monotonic()
+        if self.bar is None or index == 0:
+            if self.bar is not None:
+                self.bar.stop()
+            self.bar, self.first_done = self._new_bar(), now
             self.bar.start()
-            self.task = self.bar.add_task("prefill layers", total=total)
-        self.bar.update(self.task, completed=index + 1)
+            self.task = self.bar.add_task("prefill layers", total=total, completed=index + 1, ETA="…")
+        left = (now - self.first_done) / index * (total - index - 1) if index else None
+        self.bar.update(self.task, completed=index + 1, ETA="…" if left is None else clock(left))
         if index + 1 == total:
             self.bar.stop()
+            self.bar = None
+
+    def _new_bar(self) -> Progress | LineProgress:
+        return live_progress(
+            self.console,
+            TextColumn("prefill"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("layers"),
+            TimeElapsedColumn(),
+            TextColumn("ETA {task.fields[ETA]}"),
+        )

@@ -103,7 +103,9 @@ def _kv_row(t: Table, r: PrefillSummary, final: int | None) -> None:
 
 def _time_text(r: PrefillSummary) -> str:
     scoring = f" (scoring + eviction {r.eviction_seconds:.3f} s)" if r.budget is not None else ""
-    return f"load {r.load_seconds:.1f} s · prefill {r.prefill_seconds:.2f} s{scoring}"
+    cache = getattr(r, "cache", None)
+    prefill = f"prefill of the {cache.continuation_tokens} task tokens" if cache is not None else "prefill"
+    return f"load {r.load_seconds:.1f} s · {prefill} {r.prefill_seconds:.2f} s{scoring}"
 
 
 def _threads_text(r: PrefillSummary) -> str:
@@ -245,18 +247,19 @@ SCORING_TEXT = {  # CompressResult.scoring -> what the report says
 
 
 def cache_text(c: CacheInfo) -> str:
-    """The compressed prefix a run continued: loaded (bytes, prefill time saved) or compressed in this run."""
-    now = f"{c.continuation_tokens}-token continuation {c.continuation_seconds:.2f} s"
+    """The compressed prefix a run continued: compressed in this run (its prefill, once for every
+    question), or loaded (its prefill when the file was made, the read now, the time saved)."""
     first = f"first answer token after {c.first_token_seconds:.2f} s"
+    prefix = f"{c.prefix_tokens}-token document prefix"
     if c.path is None:
         return (
-            f"document compressed in this run ({c.prefix_tokens} tokens, prefill {c.stored_prefill_seconds:.2f} s "
-            f"once, KV {human_bytes(c.kv_bytes)}, scoring: {c.scoring}) · {now} · {first}"
+            f"{prefix} prefilled in this run in {c.prefix_prefill_seconds:.2f} s, once for every question (KV "
+            f"{human_bytes(c.kv_bytes)}, scoring: {c.scoring}) · {first}"
         )
     return (
-        f"loaded {c.path} · {human_bytes(c.file_bytes or 0)} on disk, KV {human_bytes(c.kv_bytes)} · prefill "
-        f"{c.stored_prefill_seconds:.2f} s stored vs {c.read_seconds + c.continuation_seconds:.2f} s now (read "
-        f"{c.read_seconds:.2f} s + {now}): {c.prefill_saved_seconds:.2f} s saved · {first}"
+        f"loaded {c.path} · {human_bytes(c.file_bytes or 0)} on disk, KV {human_bytes(c.kv_bytes)} · {prefix} "
+        f"prefilled in {c.prefix_prefill_seconds:.2f} s when compressed, read now in {c.read_seconds:.2f} s: "
+        f"{c.prefill_saved_seconds:.2f} s saved · {first}"
     )
 
 

@@ -104,6 +104,27 @@ class Prefilled:
         )
 
 
+class LayerProgress:
+    """The eviction hook of a full-cache prefill (no config: nothing is scored or evicted) that only
+    reports progress: `on_layer(layer_idx, L)` as each layer finishes, as the cascade does."""
+
+    def __init__(self, on_layer: Callable[[int, int], None], num_layers: int):
+        self.on_layer, self.num_layers = on_layer, num_layers
+
+    def after_attention(
+        self,
+        cache,
+        layer_idx: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        scaling: float,
+        probs: torch.Tensor | None = None,
+        softcap: float | None = None,
+    ) -> None:
+        """Report layer `layer_idx` done (`policy.EvictionPolicy`); the cache is left as it is."""
+        self.on_layer(layer_idx, self.num_layers)
+
+
 @torch.inference_mode()
 def prefill(
     model,
@@ -120,7 +141,8 @@ def prefill(
         model: a causal LM switched to a CAKE attention function (`attention.use_cake_attention`).
         input_ids: [1, n] prompt token ids on the model's input device.
         config: CAKE settings, or None for the full-cache baseline (nothing evicted).
-        on_layer: progress callback (layer_idx, L), called as each layer finishes.
+        on_layer: progress callback (layer_idx, L), called as each layer finishes (with or
+            without `config`).
         step_logits: if a list, receives the [1, V] float32 next-token logits.
         collect_stats: compute H, V, P for every layer even when the allocation does not need
             them (reports); False keeps baselines lean (speed benchmark).
@@ -149,12 +171,15 @@ def prefill(
         else None
     )
     accumulate = config is not None and accumulates(config.indicator)  # H2O: every query's attention
-    cache = CakeCache(num_layers, policy=cascade, windows=layout.windows, accumulate=accumulate)
+    progress = LayerProgress(on_layer, num_layers) if cascade is None and on_layer is not None else None
+    cache = CakeCache(num_layers, policy=cascade or progress, windows=layout.windows, accumulate=accumulate)
     sync_device(input_ids.device)
     start = time.perf_counter()
     logits = forward_step(model, cache, input_ids, 0, step_logits)
     sync_device(input_ids.device)
     seconds = time.perf_counter() - start
+    if progress is not None:
+        cache.policy = None  # a plain full cache again
     return Prefilled(cache, cascade, logits, seconds, cache.lengths(), cache.kv_bytes(), cache.peak_bytes)
 
 

@@ -73,6 +73,14 @@ def resolve(method: str, allocation: str | None = None, indicator: str | None = 
     return pair
 
 
+def label(allocation: str, indicator: str) -> str:
+    """The name of the method that pairs `allocation` with `indicator`: its METHODS key when one
+    has this pairing (("cake", "cake") -> "cake"), else "allocation+indicator" (e.g. "cake+tova").
+    Reports use it, so a name always says what ran, whatever `--method` the overrides started from."""
+    named = next((name for name, pair in METHODS.items() if pair == (allocation, indicator)), None)
+    return named or f"{allocation}+{indicator}"
+
+
 def with_method(
     base: CakeConfig, method: str, allocation: str | None = None, indicator: str | None = None
 ) -> CakeConfig | None:

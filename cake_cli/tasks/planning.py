@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cake_cli.engine.config import CakeConfig, ConfigError
-from cake_cli.engine.methods import FULL, resolve
+from cake_cli.engine.methods import FULL, label, resolve
 from cake_cli.errors import UsageError
 from cake_cli.models.dtypes import check_dtype
 from cake_cli.models.profiles import Profile, check_model_spec
@@ -21,6 +21,7 @@ from cake_cli.tasks.answers.completion import (
     context_before,
     max_new_tokens_for,
 )
+from cake_cli.tasks.cores import capped_threads
 from cake_cli.tasks.inputs.documents import load_document
 from cake_cli.tasks.request import (
     ATTENTIONS,
@@ -123,6 +124,11 @@ def plan(request: TaskRequest, cb: Callbacks | None = None) -> Plan:
     """
     cb = cb or Callbacks()
     check_request(request)
+    warnings: list[str] = []
+    threads, too_many = capped_threads(request.threads)
+    if too_many:
+        cb.warn(warnings, too_many)
+        request = replace(request, threads=threads)
     saved = read_saved(request.document) if is_cache_path(request.document) else None
     if saved is not None:
         request = settle(request, saved)
@@ -138,8 +144,9 @@ def plan(request: TaskRequest, cb: Callbacks | None = None) -> Plan:
         config, tau_rule = saved_config(saved.meta, request.decode_policy), f"saved in {saved.name}"
     else:
         config, tau_rule = cake_config_for(profile, request)
-        request = replace(request, budget=config.budget, method=request.method or DEFAULT_METHOD)
-    warnings: list[str] = []
+        method = request.method or DEFAULT_METHOD  # named for what runs: `cake+h2o --indicator tova` is cake+tova
+        method = method if method == FULL else label(config.allocation, config.indicator)
+        request = replace(request, budget=config.budget, method=method)
     doc = saved_document(saved.meta) if saved else load_document(request.document, password=request.password)
     for message in doc.warnings:
         cb.warn(warnings, message)

@@ -97,8 +97,9 @@ class SectionAnswer:
 
 @dataclass(frozen=True)
 class CacheInfo:
-    """How a run used a compressed document prefix (`cake compress`, a .cake input, chat, qa -q).
-    Bytes measured (file size on disk, KV tensors), times in seconds."""
+    """How a run used a compressed document prefix (a .cake input, chat, qa with several questions).
+    Bytes measured (file size on disk, KV tensors), times in seconds. The run's own `prefill_seconds`
+    is the forward over its `continuation_tokens` only; the document's is `prefix_prefill_seconds`."""
 
     path: str | None  # the .cake file read; None when the prefix was compressed in this run
     file_bytes: int | None  # the file's size on disk
@@ -106,15 +107,15 @@ class CacheInfo:
     prefix_tokens: int  # the shared prefix (chat opening + document block)
     continuation_tokens: int  # this task's own tokens, run after the prefix
     scoring: str  # the .cake's ("question": kept whole, evicted per question; "end", "instruction", "reconstruct")
-    stored_prefill_seconds: float  # what compressing the prefix cost (when and where it was made)
+    prefix_prefill_seconds: float  # the prefill of the prefix: once in this run, or when the file was made
     read_seconds: float  # reading and checking the file now (0 when compressed in this run)
-    continuation_seconds: float  # the forward over the continuation tokens
     first_token_seconds: float  # from the start of this answer (file read included) to its first token
 
     @property
     def prefill_saved_seconds(self) -> float:
-        """Stored prefill minus what this answer spent instead (read + continuation)."""
-        return self.stored_prefill_seconds - self.read_seconds - self.continuation_seconds
+        """The prefix prefill a .cake spared this run: `prefix_prefill_seconds` less reading the file
+        (the continuation runs either way); 0 when the prefix was compressed in this run."""
+        return self.prefix_prefill_seconds - self.read_seconds if self.path is not None else 0.0
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ class PrefillSummary:
     kv_bytes_kept: int  # after prefill
     kv_peak_prefill: int
     load_seconds: float
-    prefill_seconds: float
+    prefill_seconds: float  # the forward over this run's prompt tokens (after a compressed prefix: its own only)
     eviction_seconds: float  # scoring + eviction
     prefill_threads: int  # torch CPU threads (`tasks.threads`)
     decode_threads: int

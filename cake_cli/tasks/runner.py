@@ -187,7 +187,8 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
     plan = prep.plan
     request, template = plan.request, plan.template
     lines = request.max_lines or DEFAULT_LINES
-    code = CodeFilter(lines) if template.output == "code" else None
+    # a code prompt ends inside its last line (the `complete` template): the first line printed is the next one
+    code = CodeFilter(lines, continues_line=True) if template.output == "code" else None
     on_text = cb.on_text
     if code is not None:  # code answers pass through the filter, which also ends them after --lines lines
 
@@ -204,7 +205,7 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
         tail = code.finish()
         if tail and cb.on_text:
             cb.on_text(tail)
-        answer, raw_answer = filter_code(text, lines), text
+        answer, raw_answer = filter_code(text, lines, continues_line=True), text
         if not answer:
             cb.warn(
                 prep.warnings,

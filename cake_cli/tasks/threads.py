@@ -24,6 +24,8 @@ from typing import TypeVar
 
 import torch
 
+from cake_cli.tasks.cores import usable_cores
+
 SAMPLE_SECONDS = 0.05  # how long the idle-core sample takes
 CHECK_TOKENS = 8  # decode steps between two looks at the load
 T = TypeVar("T")
@@ -38,14 +40,6 @@ class Threads:
     decode: int  # threads decoding starts with
     reason: str
     adaptive: bool = False  # decoding follows the load (`DecodeGovernor`); False for --threads
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _cpu_times(stat: Path) -> tuple[int, int] | None:

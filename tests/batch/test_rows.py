@@ -9,8 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from cake_cli.batch.output import encode_line, read_results
-from cake_cli.batch.rows import batch_rows, parse_fields, row_key
+from cake_cli.batch.driver import BatchSummary
+from cake_cli.batch.output import check_same_options, compact, encode_line, read_results
+from cake_cli.batch.rows import batch_rows, key_options, option_difference, parse_fields, row_key
 from cake_cli.errors import CakeError, UsageError
 from cake_cli.files import LineAppender
 from cake_cli.tasks.request import TaskRequest
@@ -75,8 +76,51 @@ def test_read_results_refuses_a_file_that_is_not_a_batch_output(tmp_path, text):
         read_results(path)
 
 
+def test_compact_keeps_one_line_per_key_the_last_in_the_first_ones_place(tmp_path):
+    path = tmp_path / "out.jsonl"
+    rows = [{"key": "a", "error": "x"}, {"key": "b", "error": None}, {"key": "a", "error": None, "n": 2}]
+    path.write_text("".join(encode_line(r) + "\n" for r in rows), encoding="utf-8")
+    path.chmod(0o640)
+    assert compact(path) == 1
+    assert path.read_text(encoding="utf-8").splitlines() == [encode_line(rows[2]), encode_line(rows[1])]
+    assert path.stat().st_mode & 0o777 == 0o640, "rewritten with the file's own mode"
+    before = path.stat().st_mtime_ns
+    assert compact(path) == 0 and path.stat().st_mtime_ns == before, "one line per key already: untouched"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"], "no temporary file left"
+
+
 # ---------------------------------------------------------------- keys and rows
 BASE = TaskRequest(task="qa", document="", model="smollm2", budget=256)
+
+
+def test_an_output_of_other_options_is_refused_naming_the_option(tmp_path):
+    path = tmp_path / "out.jsonl"
+    made = key_options(replace(BASE, max_new_tokens=60))
+    path.write_text(encode_line({"key": "a", "error": None, "options": made}) + "\n", encoding="utf-8")
+    check_same_options(path, made)  # the same options: fine
+    (tmp_path / "out-2.jsonl").touch()
+    with pytest.raises(UsageError) as error:
+        check_same_options(path, key_options(replace(BASE, max_new_tokens=61)))
+    assert error.value.one_line() == (
+        f"--output {path} holds rows made with other options (--max-new-tokens 60, this run --max-new-tokens 61) — "
+        f"rerun with the file's options to resume it, or start a new file, e.g. -o {tmp_path / 'out-3.jsonl'}"
+    )
+    default = "--max-new-tokens 60, this run no --max-new-tokens (its default)"
+    assert option_difference(made, key_options(BASE)) == default
+    sampled = key_options(replace(BASE, sampling=replace(BASE.sampling, temperature=0.7)))
+    assert option_difference(key_options(BASE), sampled) == "--temperature 0.0, this run --temperature 0.7"
+    assert option_difference(key_options(BASE), key_options(replace(BASE, task="summarize"))).startswith("TASK qa")
+    check_same_options(tmp_path / "new.jsonl", made)  # no file yet: nothing to contradict
+
+
+def test_rates_count_only_rows_that_succeeded():
+    """A rerun whose only rows fail again at once reported '146,207 documents/hour, 0 tokens/s'."""
+    failing = BatchSummary("out.jsonl", rows=4, skipped=3, failed_before=1, done=1, failed=1, run_seconds=0.02)
+    assert failing.to_dict()["documents_per_hour"] is None and failing.to_dict()["tokens_per_second"] is None
+    nothing = BatchSummary("out.jsonl", rows=4, skipped=4, failed_before=0)
+    assert nothing.to_dict()["documents_per_hour"] is None
+    mixed = BatchSummary("out.jsonl", rows=4, skipped=0, failed_before=0, done=4, failed=1, tokens=600, run_seconds=60)
+    assert (mixed.to_dict()["documents_per_hour"], mixed.to_dict()["tokens_per_second"]) == (180.0, 10.0)
 
 
 def test_row_key_covers_document_fields_and_options_but_not_the_password(tmp_path, monkeypatch):

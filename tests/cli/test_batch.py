@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from fpdf import FPDF
 
+from cake_cli.tasks.cores import usable_cores
 from tests.helpers.batch import TINY, invoke, lines, untimed, write_docs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,6 +89,7 @@ def test_bad_rows_get_one_line_errors_and_the_batch_goes_on(cli_env, docs):
     assert "looks scanned" in by_name["scan.pdf"]["error"]
     for name in ("empty.txt", "blob.bin", "scan.pdf"):
         assert by_name[name]["result"] is None and "\n" not in by_name[name]["error"]
+        assert "stdin" not in by_name[name]["error"] and "pipe" not in by_name[name]["error"], "no hint of the CLI's"
         assert by_name[name]["error"] in result.stderr  # shown as it happened
     assert all(by_name[f"doc{n}.txt"]["result"]["answer"] for n in range(3))
     summary = json.loads(result.stdout)
@@ -101,7 +103,8 @@ def test_a_missing_manifest_document_is_a_row_error(cli_env, docs):
     result = invoke("batch", "summarize", manifest, "-o", out, *TINY)
     assert result.exit_code == 1
     ok, missing = lines(out)
-    assert ok["error"] is None and "no such file" in missing["error"] and missing["result"] is None
+    assert ok["error"] is None and missing["result"] is None
+    assert missing["error"] == f"{cli_env / 'docs' / 'gone.txt'}: no such file — check the path", "no stdin hint"
 
 
 # ---------------------------------------------------------------- resume
@@ -119,8 +122,12 @@ def test_a_rerun_skips_the_rows_already_in_the_output(cli_env, docs):
     nothing = invoke("batch", "summarize", docs, "-o", out, *TINY, "--json")
     assert nothing.exit_code == 0 and json.loads(nothing.stdout)["done"] == 0
     assert "loading the model" not in nothing.stderr, "nothing to do: no model is loaded"
-    other = invoke("batch", "summarize", docs, "-o", out, *TINY, "-b", "96", "--json")  # other options: other keys
-    assert json.loads(other.stdout)["done"] == 5 and len(lines(out)) == 10
+    kept = out.read_bytes()
+    other = invoke("batch", "summarize", docs, "-o", out, *TINY, "-n", "5")  # other options: refused, in one line
+    assert other.exit_code == 2 and other.stdout == "" and out.read_bytes() == kept
+    assert other.stderr.count("\n") == 1 and "--max-new-tokens 4, this run --max-new-tokens 5" in other.stderr
+    assert "-o " + str(cli_env / "results-2.jsonl") in other.stderr
+    assert all(line["options"]["max_new_tokens"] == 4 for line in lines(out))
 
 
 def test_a_rerun_runs_the_failed_rows_again(cli_env, docs):
@@ -130,13 +137,14 @@ def test_a_rerun_runs_the_failed_rows_again(cli_env, docs):
     again = invoke("batch", "summarize", docs, "-o", out, *TINY, "--json")  # still empty: fails again
     summary = json.loads(again.stdout)
     assert again.exit_code == 1 and (summary["skipped"], summary["failed_before"], summary["failed"]) == (3, 1, 1)
-    assert len(lines(out)) == 5
+    assert len(lines(out)) == 4, "the row run again replaced its line: one line per document"
+    assert summary["documents_per_hour"] is None and "documents/hour" not in again.stderr, "no rate from failures"
     (docs / "empty.txt").write_text("Now the file has words in it, enough to summarize.", encoding="utf-8")
     fixed = invoke("batch", "summarize", docs, "-o", out, *TINY, "--json")
     summary = json.loads(fixed.stdout)
     assert fixed.exit_code == 0, fixed.stderr
     assert (summary["skipped"], summary["done"], summary["failed"], summary["succeeded"]) == (3, 1, 0, True)
-    assert lines(out)[-1]["error"] is None and len(lines(out)) == 6  # the row's last line wins
+    assert lines(out)[-1]["error"] is None and len(lines(out)) == 4  # the row's last line, in its place
 
 
 def test_one_worker_follows_the_load_and_threads_do_not_change_the_key(cli_env, docs):
@@ -149,6 +157,16 @@ def test_one_worker_follows_the_load_and_threads_do_not_change_the_key(cli_env, 
     other = cli_env / "fixed.jsonl"
     assert invoke("batch", "summarize", docs, "-o", other, *TINY, "--threads", "1").exit_code == 0
     assert {line["result"]["threads_reason"] for line in lines(other)} == {"--threads"}
+
+
+def test_threads_per_worker_are_capped_at_the_usable_cores(cli_env, docs):
+    out = cli_env / "results.jsonl"
+    result = invoke("batch", "summarize", docs, "-o", out, *TINY, "--threads", "999", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["threads"] == usable_cores()
+    assert result.stderr.count("--threads 999 is more than the") == 1, "one warning, not one per row"
+    assert {line["result"]["prefill_threads"] for line in lines(out)} == {usable_cores()}
+    assert not any(line["result"]["warnings"] for line in lines(out))
 
 
 # ---------------------------------------------------------------- workers

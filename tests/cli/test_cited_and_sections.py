@@ -222,7 +222,7 @@ def test_a_document_that_fits_is_one_section(short_doc, forced):
     "args, words",
     [
         (["qa", "{doc}", "Who?", "--long", "sideways"], "unknown --long mode"),
-        (["qa", "{doc}", "-q", "A?", "-q", "B?", "--long", "sections"], "one question at a time"),
+        (["qa", "{doc}", "A?", "B?", "--long", "sections"], "one question at a time"),
         (["qa", "{doc}", "Who?", "--long", "sections", "--truncate", "error"], "give only one of them"),
     ],
 )

@@ -1,4 +1,4 @@
-"""`cake compress`, tasks on a .cake file, `cake qa -q … -q …` and `cake chat` through the real CLI on
+"""`cake compress`, tasks on a .cake file, `cake qa DOC Q1 Q2 …` and `cake chat` through the real CLI on
 the tiny random profile: answers from a saved cache are token-identical to answers from the cache
 compressed in the same process; bad .cake files and contradicting options are one-line errors."""
 
@@ -28,6 +28,11 @@ def one_error_line(result, code: int, words: str) -> str:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and words in lines[0], lines
     return lines[0]
+
+
+def flat(report: str) -> str:
+    """A rich report as one line of words (panel borders and line wrapping gone)."""
+    return " ".join(report.replace("│", " ").split())
 
 
 @pytest.fixture
@@ -63,6 +68,20 @@ def test_compress_report_shows_layers_only_when_evicted(doc, cli_env):
     assert "allocation across layers" not in whole.stderr and "kept whole" in whole.stderr
 
 
+def test_every_prefill_shows_layer_progress(doc, cli_env):
+    """Prefills kept whole (compress's default scoring, qa with several questions, chat) show the same
+    per-layer progress as a task, with the time left (piped stderr: plain lines)."""
+    runs = [
+        invoke("compress", doc, "-o", cli_env / "p.cake", *TINY, "-b", "64"),
+        invoke("qa", doc, QUESTIONS[0], QUESTIONS[1], *TINY, "-b", "64", "-n", "2"),
+        invoke("chat", doc, *TINY, "-b", "64", "-n", "2", input=f"{QUESTIONS[0]}\n"),
+        invoke("summarize", doc, *TINY, "-b", "64", "-n", "2"),
+    ]
+    for result in runs:
+        assert result.exit_code == 0, result.stderr
+        assert "prefill layers: 1/4 · ETA …" in result.stderr and "prefill layers: 4/4 · ETA 0:00" in result.stderr
+
+
 def test_compress_writes_a_checked_cake_file(cake):
     path, report = cake
     saved = cachefile.read_saved(path)
@@ -85,12 +104,11 @@ def test_compress_writes_a_checked_cake_file(cake):
 
 @pytest.mark.parametrize("policy", ["fixed", "grow"])
 def test_saved_answers_equal_in_process_answers(whole, doc, policy):
-    """The oracle: `qa FILE.cake` (loaded from disk) == `qa DOC -q … -q …` (compressed in this process)."""
+    """The oracle: `qa FILE.cake` (loaded from disk) == `qa DOC Q1 Q2 Q3` (compressed in this process)."""
     path, made = whole
     assert not made["evicted"] and made["scoring"] == "question" and made["kv_bytes_kept"] == made["kv_bytes_full"]
-    asked = [a for q in QUESTIONS for a in ("-q", q)]
     here = invoke(
-        "qa", doc, "--decode-policy", policy, *asked, *TINY, "-b", "64", "--dtype", "fp32", "-n", "12", "--json"
+        "qa", doc, *QUESTIONS, "--decode-policy", policy, *TINY, "-b", "64", "--dtype", "fp32", "-n", "12", "--json"
     )
     assert here.exit_code == 0, here.stderr
     in_process = json.loads(here.stdout)["results"]
@@ -137,7 +155,26 @@ def test_saved_cache_text_report_and_decode_policy(cake, policy):
     result = invoke("qa", path, QUESTIONS[0], "-n", "6", "--decode-policy", policy)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() and "saved cache" in result.stderr and "saved ·" in result.stderr
-    assert "prefill" in result.stderr and "stored vs" in result.stderr
+    assert "when compressed, read now in" in flat(result.stderr)
+
+
+def test_prefill_times_have_one_definition(cake, doc):
+    """`prefill_seconds` is the forward over the answer's own tokens; the document's prefill is
+    `cache.prefix_prefill_seconds` (once in this run, or when the file was made), and only a file saves it."""
+    path, made = cake
+    loaded = json.loads(invoke("qa", path, QUESTIONS[0], "-n", "2", "--json").stdout)
+    cache = loaded["cache"]
+    assert cache["prefix_prefill_seconds"] == made["prefill_seconds"] > 0, "the prefill the file records"
+    assert cache["prefill_saved_seconds"] == pytest.approx(cache["prefix_prefill_seconds"] - cache["read_seconds"])
+    assert "continuation_seconds" not in cache and "stored_prefill_seconds" not in cache
+    here = invoke("qa", doc, *QUESTIONS[:2], *TINY, "-b", "64", "-n", "2", "--json")
+    first, second = (r["cache"] for r in json.loads(here.stdout)["results"])
+    assert first["prefix_prefill_seconds"] == second["prefix_prefill_seconds"] > 0, "one prefill for both questions"
+    assert first["prefill_saved_seconds"] == second["prefill_saved_seconds"] == 0.0, "nothing was loaded"
+    assert first["read_seconds"] == 0.0 and first["path"] is None
+    report = flat(invoke("qa", doc, *QUESTIONS[:2], *TINY, "-b", "64", "-n", "2").stderr)
+    assert "document prefix prefilled in this run in" in report and "once for every question" in report
+    assert f"prefill of the {first['continuation_tokens']} task tokens" in report
 
 
 def test_summarize_and_needle_take_a_cake_file(cake):
@@ -150,10 +187,51 @@ def test_summarize_and_needle_take_a_cake_file(cake):
         assert data["cache"]["path"] == str(path) and data["generated_tokens"] <= 5
 
 
-def test_qa_several_questions_text_output(doc):
-    result = invoke("qa", doc, QUESTIONS[0], "-q", QUESTIONS[1], *TINY, "-b", "64", "-n", "4", "--quiet")
+@pytest.fixture
+def forced_answers(monkeypatch, tiny_profile_dir):
+    """`forced_answers(texts)`: the answers after a compressed prefix are exactly `texts`, in turn
+    (teacher forcing through the real continuation and decoding)."""
+    from transformers import AutoTokenizer
+
+    from cake_cli.tasks.saved import compress as saved
+
+    real, tokenizer = saved.decode, AutoTokenizer.from_pretrained(tiny_profile_dir.parent / "model")
+
+    def use(texts: list[str]) -> None:
+        queue = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+        def decode(*args, **kwargs):
+            ids = queue.pop(0)
+            kwargs["max_new_tokens"] = len(ids)
+            return real(*args, forced_tokens=ids, **kwargs)
+
+        monkeypatch.setattr(saved, "decode", decode)
+
+    return use
+
+
+def split_answers(text: str, questions: list[str]) -> list[str]:
+    """What a downstream reader does with several plain-text answers: cut at each numbered heading, in order."""
+    answers, rest = [], text
+    headings = [f"[{i}/{len(questions)}] {q}\n" for i, q in enumerate(questions, 1)]
+    for heading, following in zip(headings, [*headings[1:], None]):
+        assert rest.startswith(heading)
+        end = rest.index("\n" + following) if following else len(rest)
+        answers.append(rest[len(heading) : end].removesuffix("\n"))
+        rest = rest[end + 1 :]
+    return answers
+
+
+def test_several_answers_in_plain_text_can_be_split(doc, forced_answers, cli_env):
+    """Answers holding blank lines (the issue: they could not be told apart) split at their numbered headings."""
+    texts = ["First part.\n\nSecond part of answer one.", "Answer two,\n\n\nafter two blank lines.", "Three."]
+    forced_answers(texts)
+    out = cli_env / "answers.txt"
+    result = invoke("qa", doc, *QUESTIONS, *TINY, "-b", "64", "--quiet", "-o", out)
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.count("\n\n") == 1, "two answers, a blank line between them"
+    assert result.stdout.startswith(f"[1/3] {QUESTIONS[0]}\nFirst part.")
+    assert split_answers(result.stdout, QUESTIONS) == texts
+    assert out.read_text() == result.stdout, "the file holds what stdout showed"
 
 
 def test_chat_piped_json_lines_and_memory_bounded(cake):
@@ -176,6 +254,73 @@ def test_chat_text_on_a_document(doc, cli_env):
     assert result.exit_code == 0, result.stderr
     assert result.stdout.strip() and "turn 1:" in result.stderr
     assert out.read_text().startswith(f"Q: {QUESTIONS[0]}\nA: ")
+
+
+def scripted_terminal(monkeypatch, lines, stdout_tty=True):
+    """Chat on a terminal: stdin (and stdout) are ttys, and `input()` answers from `lines` in turn; an
+    exception class in `lines` is raised instead (KeyboardInterrupt: Ctrl-C, EOFError: Ctrl-D)."""
+    from cake_cli.cli.runners import compress as sessions
+
+    monkeypatch.setattr(sessions, "terminal", lambda: (True, stdout_tty))
+    script = list(lines)
+
+    def typed(prompt=""):
+        assert prompt == sessions.PROMPT
+        item = script.pop(0)
+        if isinstance(item, type):
+            raise item
+        return item
+
+    monkeypatch.setattr("builtins.input", typed)
+
+
+def test_ctrl_c_in_chat_stops_the_answer_and_asks_again(cake, cli_env, monkeypatch):
+    """Ctrl-C while an answer streams (simulated from the streaming callback) ends that answer only: the
+    next question is answered from the same compressed document, and Ctrl-D then leaves with exit 0."""
+    from cake_cli.cli import stream
+
+    path, _ = cake
+    real, pieces = stream.AnswerStream.text, []
+
+    def text(self, piece):
+        pieces.append(piece)
+        if len(pieces) == 2:  # the first answer, mid-stream
+            raise KeyboardInterrupt
+        real(self, piece)
+
+    monkeypatch.setattr(stream.AnswerStream, "text", text)
+    scripted_terminal(monkeypatch, [QUESTIONS[0], QUESTIONS[1], EOFError])
+    out = cli_env / "chat.txt"
+    result = invoke("chat", path, "-n", "6", "-o", out)
+    assert result.exit_code == 0, result.stderr
+    assert "answer stopped" in result.stderr and "interrupted" not in result.stderr
+    single = json.loads(invoke("qa", path, QUESTIONS[1], "-n", "6", "--json").stdout)
+    assert out.read_text() == f"Q: {QUESTIONS[1]}\nA: {single['answer']}\n", "the stopped turn is not in it"
+    assert result.stdout.endswith(single["answer"] + "\n")
+    assert "turn 1:" in result.stderr and "turn 2:" not in result.stderr
+
+
+def test_ctrl_c_at_the_chat_prompt_leaves_with_130(cake, cli_env, monkeypatch):
+    path, _ = cake
+    scripted_terminal(monkeypatch, [QUESTIONS[0], KeyboardInterrupt])
+    out = cli_env / "chat.txt"
+    result = invoke("chat", path, "-n", "4", "-o", out)
+    assert result.exit_code == 130, result.stderr
+    assert result.stderr.rstrip().endswith("interrupted")
+    assert out.read_text().startswith(f"Q: {QUESTIONS[0]}\nA: "), "what was answered is kept"
+    from cake_cli.cli.runners import compress as sessions
+
+    assert sessions.readline is not None, "the prompt's input() has readline's line editing and history"
+
+
+def test_ctrl_d_at_the_chat_prompt_ends_its_line(cake, monkeypatch):
+    """stdin a terminal, stdout piped: the prompt goes to stderr, and Ctrl-D (end of input) ends its line."""
+    path, _ = cake
+    scripted_terminal(monkeypatch, [], stdout_tty=False)
+    result = invoke("chat", path, "-n", "4", input=f"{QUESTIONS[0]}\n")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.count("question> ") == 2 and result.stderr.endswith("question> \n")
+    assert "question>" not in result.stdout and result.stdout.strip()
 
 
 # ---------------------------------------------------------------- bad input
@@ -202,16 +347,46 @@ def test_corrupt_cake(cake, cli_env):
     assert "truncated" not in line
 
 
-def rewrite_meta(path, target, **changes) -> None:
-    """A copy of a .cake with some metadata changed (the checksum stays valid: the data is unchanged)."""
+def rewrite_meta(path, target, sign=True, **changes) -> None:
+    """A copy of a .cake with some metadata changed; `sign`: with the checksum made again (a file that
+    another cake-cli or another model really wrote), else the old checksum (an edited file)."""
     blob = path.read_bytes()
     size = int.from_bytes(blob[:8], "little")
     header = json.loads(blob[8 : 8 + size])
     meta = json.loads(header["__metadata__"]["cake_cli"])
     meta.update(changes)
+    if sign:
+        meta["sha256"] = cachefile.file_sha256(header, meta, blob[8 + size :])
     header["__metadata__"]["cake_cli"] = json.dumps(meta)
     raw = json.dumps(header).encode()
     target.write_bytes(len(raw).to_bytes(8, "little") + raw + blob[8 + size :])
+
+
+def edit_in_place(path, target, old: str, new: str) -> None:
+    """A copy of a .cake with the first `old` of its metadata replaced by `new` (same length: the file
+    is otherwise byte for byte the same, as a hex editor leaves it). The metadata is a JSON string in
+    the safetensors header, so its quotes are escaped there."""
+    old_bytes, new_bytes = (text.replace('"', '\\"').encode() for text in (old, new))
+    blob = path.read_bytes()
+    size = int.from_bytes(blob[:8], "little")
+    assert len(old_bytes) == len(new_bytes) and old_bytes in blob[8 : 8 + size]
+    target.write_bytes(blob.replace(old_bytes, new_bytes, 1))
+
+
+def test_edited_metadata_is_refused(cake, cli_env):
+    """The checksum covers the header: an edited budget (same length, the JSON still valid) or an edited
+    per-layer kept count is refused in one line, as a flipped tensor byte is."""
+    path, report = cake
+    edit_in_place(path, cli_env / "budget.cake", '"budget":64,', '"budget":99,')
+    line = one_error_line(invoke("qa", cli_env / "budget.cake", "Who?"), 1, "checksum")
+    assert "edited" in line and "compress the document again" in line
+    kept = report["layers"][0]["kept"]
+    edit_in_place(path, cli_env / "kept.cake", f'"kept":{kept},', f'"kept":{kept - 1},')
+    one_error_line(invoke("qa", cli_env / "kept.cake", "Who?"), 1, "checksum")
+    rewrite_meta(path, cli_env / "renamed.cake", sign=False, source="other.txt")
+    one_error_line(invoke("summarize", cli_env / "renamed.cake"), 1, "checksum")
+    rewrite_meta(path, cli_env / "resigned.cake", budget=64)  # the same content written again: fine
+    assert invoke("qa", cli_env / "resigned.cake", "Who?", "-n", "2").exit_code == 0
 
 
 def test_other_format_version(cake, cli_env):
@@ -264,7 +439,7 @@ def test_usage_errors(cake, doc, cli_env):
     one_error_line(invoke("compress", path, "-o", cli_env / "y.cake", *TINY), 2, "already a compressed cache")
     one_error_line(invoke("compress", doc, "-o", cli_env / "y.cake", "--scoring", "magic", *TINY), 2, "--scoring")
     one_error_line(invoke("qa", doc, *TINY), 2, "needs a question")
-    one_error_line(invoke("qa", doc, "-q", "A?", "-q", " ", *TINY), 2, "non-empty question")
+    one_error_line(invoke("qa", doc, "A?", " ", *TINY), 2, "non-empty question")
     one_error_line(invoke("chat", "-", *TINY), 2, "stdin")
     one_error_line(invoke("inspect-layers", path), 2, "already compressed")
 

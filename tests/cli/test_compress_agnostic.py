@@ -80,7 +80,14 @@ def test_answers_from_the_file_equal_the_in_process_compression(rebuilt, doc):
     assert chat.exit_code == 0, chat.stderr
     for turn in map(json.loads, chat.stdout.splitlines()):
         got = json.loads(invoke("qa", path, turn["question"], "-n", "8", "--json").stdout)
-        assert got["answer"] == turn["answer"] and got["layers"] == turn["layers"]
+        assert got["answer"] == turn["answer"]
+        # two prefills (the file's, the chat's): the same budgets and tokens kept; statistics equal up to
+        # float rounding, since the thread count (and so the reduction order) may differ between runs
+        for mine, theirs in zip(got["layers"], turn["layers"], strict=True):
+            assert {k: v for k, v in mine.items() if not isinstance(v, float)} == {
+                k: v for k, v in theirs.items() if not isinstance(v, float)
+            }
+            assert all(v == pytest.approx(theirs[k], rel=1e-9) for k, v in mine.items() if isinstance(v, float))
         assert got["cache"]["scoring"] == "reconstruct" and got["cache"]["kv_bytes"] == turn["cache"]["kv_bytes"]
 
 

@@ -5,6 +5,7 @@ scales, a newer format) is one line with the right exit code and nothing written
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -60,14 +61,18 @@ def meta_of(blob: bytes) -> tuple[dict, int]:
 
 
 def rewritten(path, target, tensors=None, drop=(), **changes) -> None:
-    """A copy of a .cake with metadata (and tensors) changed, its checksum made valid again."""
+    """A copy of a .cake with metadata (and tensors) changed, its checksum made valid again (version 3's
+    over the whole file, and the data-only one versions 1-2 record)."""
     blob = path.read_bytes()
     meta, _ = meta_of(blob)
     meta.update(changes)
     for name in drop:
         meta.pop(name)
     tensors = tensors if tensors is not None else load_tensors(blob)
-    meta["data_sha256"] = cachefile.data_sha256(save_tensors(tensors, metadata={"cake_cli": "{}"}))
+    unsigned = save_tensors(tensors, metadata={"cake_cli": json.dumps(meta)})
+    header, start = cachefile.split_file(unsigned, target)
+    meta["data_sha256"] = hashlib.sha256(unsigned[start:]).hexdigest()
+    meta["sha256"] = cachefile.file_sha256(header, meta, unsigned[start:])
     target.write_bytes(save_tensors(tensors, metadata={"cake_cli": json.dumps(meta)}))
 
 
@@ -76,7 +81,7 @@ def test_quantized_files_are_smaller_and_say_so(four, doc, cli_env):
     _, sixteen = compressed(doc, cli_env / "sixteen.cake")
     _, eight = compressed(doc, cli_env / "eight.cake", "--kv-bits", "8")
     meta = cachefile.read_saved(path).meta
-    assert meta.format_version == 2 and (meta.kv_bits, meta.kv_group, meta.kv_recent) == (4, 32, 8)
+    assert meta.format_version == 3 and (meta.kv_bits, meta.kv_group, meta.kv_recent) == (4, 32, 8)
     assert (report["kv_bits"], report["kv_group"], sixteen["kv_bits"], sixteen["kv_group"]) == (4, 32, 16, None)
     assert sixteen["kv_bytes_file"] == sixteen["kv_bytes_kept"] == report["kv_bytes_kept"], "same tokens, 16 bits"
     assert report["kv_bytes_file"] < eight["kv_bytes_file"] < sixteen["kv_bytes_file"]
@@ -150,6 +155,6 @@ def test_damaged_scales(four, cli_env):
 
 def test_a_newer_format_is_refused(four, cli_env):
     path, _ = four
-    rewritten(path, cli_env / "v3.cake", format_version=3, cake_cli_version="9.0")
-    line = one_error_line(invoke("qa", cli_env / "v3.cake", "Who?"), 1, "format version 3")
+    rewritten(path, cli_env / "v4.cake", format_version=4, cake_cli_version="9.0")
+    line = one_error_line(invoke("qa", cli_env / "v4.cake", "Who?"), 1, "format version 4")
     assert "newer than this cake-cli reads" in line and "upgrade cake-cli" in line and "cake compress" in line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from cake_cli import __version__
@@ -15,6 +16,25 @@ runner = CliRunner()
 def test_version():
     result = runner.invoke(app, ["version"])
     assert result.exit_code == 0 and result.stdout.strip() == __version__
+    flag = runner.invoke(app, ["--version"])
+    assert flag.exit_code == 0 and flag.stdout == f"{__version__}\n" and flag.stderr == ""
+
+
+@pytest.mark.parametrize("command", [[], ["qa"], ["batch"], ["profiles"], ["profiles", "show"], ["bench", "speed"]])
+def test_h_is_help_everywhere(command):
+    short, long = runner.invoke(app, [*command, "-h"]), runner.invoke(app, [*command, "--help"])
+    assert short.exit_code == long.exit_code == 0 and short.stdout == long.stdout and "Usage:" in short.stdout
+
+
+def test_only_task_commands_say_a_cake_file_sets_the_budget_and_method():
+    """compress and inspect-layers take no .cake file: their help said "Default: 1024, or a .cake file's own"."""
+    for command in ("compress", "inspect-layers", "qa", "summarize", "chat"):
+        text = " ".join(runner.invoke(app, [command, "--help"], env={"COLUMNS": "400"}).stdout.split())
+        budget = text.split("--budget -b TOKENS ")[1].split(" │")[0]
+        method = text.split("--method NAME ")[1].split(" │")[0]
+        takes_cake = command not in ("compress", "inspect-layers")
+        assert budget.endswith("Default: 1024, or a .cake file's own." if takes_cake else "Default: 1024."), budget
+        assert method.endswith("Default: cake, or a .cake file's own." if takes_cake else "Default: cake."), method
 
 
 def test_env_json(cli_env):

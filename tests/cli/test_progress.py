@@ -56,11 +56,26 @@ def test_terminal_gets_rich_progress():
     assert isinstance(pr.live_progress(console, TextColumn("x")), Progress)
 
 
-def test_prefill_layers_show_when_piped(monkeypatch):
+def test_prefill_layers_show_when_piped_with_the_time_left(monkeypatch):
     progress = pr.StderrProgress(quiet=False)
     out = io.StringIO()
     progress.console = Console(file=out, width=200, force_terminal=False)
-    progress.bar = pr.live_progress(progress.console, TextColumn("prefill"))
+    clock = [100.0]
+    monkeypatch.setattr(pr.time, "monotonic", lambda: clock[0])
     for layer in range(4):
         progress.layer(layer, 4)
-    assert out.getvalue().splitlines() == ["prefill layers: 0/4", "prefill layers: 4/4"]
+        clock[0] += pr.LINE_SECONDS + 2  # 12 s a layer: a line for each
+    assert out.getvalue().splitlines() == [
+        "prefill layers: 1/4 · ETA …",
+        "prefill layers: 2/4 · ETA 0:24",
+        "prefill layers: 3/4 · ETA 0:12",
+        "prefill layers: 4/4 · ETA 0:00",
+    ]
+    out.truncate(0), out.seek(0)
+    for layer in range(2):  # a second prefill (another question) gets a bar of its own
+        progress.layer(layer, 2)
+    assert out.getvalue().splitlines() == ["prefill layers: 1/2 · ETA …", "prefill layers: 2/2 · ETA 0:00"]
+
+
+def test_clock():
+    assert (pr.clock(0.4), pr.clock(12.3), pr.clock(725), pr.clock(3725)) == ("0:00", "0:12", "12:05", "1:02:05")

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cake_cli.cli.main import app
+from cake_cli.tasks.cores import usable_cores
 from tests.helpers.texts import license_text
 
 runner = CliRunner()
@@ -49,6 +50,25 @@ def test_methods_pair_an_allocation_with_an_indicator(doc, method, allocation, i
 def test_allocation_and_indicator_are_independent_choices(doc):
     data, _ = run_json("summarize", str(doc), "-b", "48", "--allocation", "cake", "--indicator", "snapkv")
     assert (data["allocation"], data["indicator"]) == ("cake", "snapkv")
+
+
+def test_the_method_label_says_what_runs(doc):
+    """`--method cake+h2o --indicator tova` runs CAKE's allocation with TOVA's indicator: every label says so."""
+    data, _ = run_json("summarize", str(doc), "-b", "48", "--method", "cake+h2o", "--indicator", "tova")
+    assert (data["method"], data["allocation"], data["indicator"]) == ("cake+tova", "cake", "tova")
+    result = runner.invoke(app, ["summarize", str(doc), "-m", "tiny-test", "-n", "2", "-b", "48",
+                                 "--method", "cake+h2o", "--indicator", "tova"])  # fmt: skip
+    assert "method cake+tova (cake allocation + tova indicator)" in result.stderr and "h2o" not in result.stderr
+    renamed, _ = run_json("summarize", str(doc), "-b", "48", "--method", "snapkv", "--allocation", "pyramid")
+    assert renamed["method"] == "pyramidkv"
+
+
+def test_threads_above_the_usable_cores_are_capped_with_a_warning(doc):
+    cores = usable_cores()
+    data, result = run_json("summarize", str(doc), "-b", "48", "--threads", "999")
+    assert (data["prefill_threads"], data["decode_threads"]) == (cores, cores)
+    assert f"--threads 999 is more than the {cores} usable core" in result.stderr
+    assert any(w.startswith("--threads 999 is more than") for w in data["warnings"])
 
 
 def test_full_method_evicts_nothing(doc):

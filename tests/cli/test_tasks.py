@@ -73,6 +73,18 @@ def one_error_line(result, code: int, words: str) -> None:
 
 
 # ---------------------------------------------------------------- qa
+def test_q_means_quiet_in_qa_too(doc):
+    """One meaning for -q in every command: --quiet (several questions are arguments)."""
+    quiet = invoke("qa", doc, "Who holds the copyright?", *TINY, "-n", "3", "-q")
+    assert quiet.exit_code == 0, quiet.stderr
+    assert quiet.stdout.strip(), "the answer"
+    # no report and no progress; warnings (here: the random model's answer cites no passage) still show
+    assert all(line.startswith("warning: ") for line in quiet.stderr.splitlines()), quiet.stderr
+    for command in ("summarize", "qa", "needle", "complete", "chat", "compress", "inspect-layers", "batch"):
+        line = next(line for line in invoke(command, "--help").stdout.splitlines() if "--quiet" in line)
+        assert line.split("--quiet")[1].split()[0] == "-q", command
+
+
 def test_qa_answer_on_stdout_report_on_stderr(doc):
     streamed = invoke("qa", doc, "Who holds the copyright?", *TINY, "-n", "10")
     as_json = invoke("qa", doc, "Who holds the copyright?", *TINY, "-n", "10", "--json")
@@ -224,12 +236,21 @@ def test_complete_prints_code_only(code_file, forced):
     assert data["raw_answer"] == raw[: raw.index("This sets")] and data["stop_reason"] == "complete"
 
 
+def test_complete_at_prints_that_line_first(code_file, forced):
+    """`--at 5`: the model first finishes line 4 (the prompt ends inside it); the output starts at line 5."""
+    line5 = code_file.read_text().splitlines()[4]
+    forced(f"  # width is in characters\n{line5}\n    return lines\n")
+    result = invoke("complete", code_file, "--at", "5", *TINY, "--lines", "2")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"{line5}\n    return lines\n"
+
+
 def test_complete_stops_after_lines(code_file):
     streamed = invoke("complete", code_file, *TINY, "--lines", "2", "-n", "40")
     as_json = invoke("complete", code_file, *TINY, "--lines", "2", "-n", "40", "--json")
     assert streamed.exit_code == 0 and as_json.exit_code == 0, streamed.stderr
     data = json.loads(as_json.stdout)
-    assert data["answer"] == filter_code(data["raw_answer"], 2)
+    assert data["answer"] == filter_code(data["raw_answer"], 2, continues_line=True)
     assert len([line for line in data["answer"].split("\n") if line.strip()]) <= 2
     assert streamed.stdout.rstrip("\n") == data["answer"], "the streamed code equals the final answer"
     assert "```" not in streamed.stdout and "CAKE report · complete" in streamed.stderr

@@ -7,7 +7,7 @@ import torch
 
 from cake_cli.engine.allocation import ALLOCATIONS, pyramid, pyramid_weights, uniform
 from cake_cli.engine.indicators import INDICATORS, smooth, token_scores, top_k_sorted
-from cake_cli.engine.methods import METHODS, resolve
+from cake_cli.engine.methods import METHODS, label, resolve
 
 # one query head, one KV head, a 3-row window over 5 candidate tokens
 A = torch.tensor([[[0.10, 0.20, 0.30, 0.15, 0.25], [0.40, 0.10, 0.20, 0.20, 0.10], [0.05, 0.60, 0.05, 0.20, 0.10]]])
@@ -86,6 +86,20 @@ def test_method_rows_name_registered_allocations_and_indicators():
             assert pair[0] in ALLOCATIONS and pair[1] in INDICATORS
     assert resolve("snapkv", allocation="cake") == ("cake", "snapkv")
     assert resolve("full", indicator="h2o") is None
+
+
+@pytest.mark.parametrize(
+    "method, allocation, indicator, expected",
+    [
+        ("cake", None, None, "cake"),
+        ("cake+h2o", None, "tova", "cake+tova"),  # the issue: the override wins, and the label says so
+        ("snapkv", "pyramid", None, "pyramidkv"),  # a pairing with a name of its own gets that name
+        ("h2o", None, "snapkv", "snapkv"),
+        ("uniform+cake", None, None, "uniform+cake"),
+    ],
+)
+def test_label_names_what_runs(method, allocation, indicator, expected):
+    assert label(*resolve(method, allocation, indicator)) == expected
 
 
 @pytest.mark.parametrize("kind,kernel", [("avg", 5), ("avg", 3), ("max", 7), ("max", 1)])

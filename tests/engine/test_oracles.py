@@ -27,6 +27,21 @@ def test_eviction_equals_masking_reference(tiny_model, backend, policy):
     check_eviction(tiny_model, prompt(72), CakeConfig(budget=20, window=6, decode_policy=policy), 8, backend)
 
 
+def test_a_full_cache_prefill_reports_every_layer_and_changes_nothing(tiny_model):
+    """Without a config nothing is scored, yet `on_layer` sees each layer as the cascade's does (progress
+    for prefills kept whole: compress, qa with several questions, chat); the state equals a silent prefill's."""
+    ids = prompt(40)
+    use_cake_attention(tiny_model, "sdpa")
+    seen = []
+    reported = prefill(tiny_model, ids, None, on_layer=lambda i, total: seen.append((i, total)))
+    silent = prefill(tiny_model, ids, None)
+    layers = tiny_model.config.num_hidden_layers
+    assert seen == [(i, layers) for i in range(layers)]
+    assert reported.cache.policy is None and reported.cascade is None
+    torch.testing.assert_close(reported.logits, silent.logits, atol=0, rtol=0)
+    assert reported.lengths == silent.lengths == [40] * layers
+
+
 def test_fixed_policy_keeps_sizes_and_grow_appends(tiny_model):
     ids, new = prompt(72), 6
     use_cake_attention(tiny_model, "sdpa")

@@ -12,6 +12,7 @@ from cake_cli.engine.cascade import CascadePrefill
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.continuation import DeferredCascade, SavedCascade
 from cake_cli.engine.decode import FixedDecode, GrowDecode
+from cake_cli.engine.generate import LayerProgress
 from cake_cli.engine.replay import Recorder
 
 
@@ -20,7 +21,7 @@ def parameters(func) -> list[tuple[str, object]]:
     return [(p.name, p.default) for p in inspect.signature(func).parameters.values() if p.name != "self"]
 
 
-@pytest.mark.parametrize("cls", [CascadePrefill, DeferredCascade, FixedDecode, GrowDecode, Recorder])
+@pytest.mark.parametrize("cls", [CascadePrefill, DeferredCascade, FixedDecode, GrowDecode, Recorder, LayerProgress])
 def test_policies_share_the_eviction_hook_signature(cls):
     expected = parameters(policy.EvictionPolicy.after_attention)
     assert parameters(cls.after_attention) == expected

@@ -16,6 +16,8 @@ import json
 import os
 import re
 import shutil
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from cake_cli.models import gguf as conversion
 from cake_cli.models.embedded import EMBEDDED_MODELS, EmbeddedModel, Part
 from cake_cli.models.loader import load_model
 from cake_cli.models.profiles import profile_of
-from cake_cli.paths import models_dir
+from cake_cli.paths import cake_home, models_dir
 from tests.helpers.tiny import save_tiny_gguf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -301,6 +303,21 @@ def test_a_full_disk_while_joining_leaves_nothing(fake, monkeypatch):
     assert "it needs about 0.0 GB free there" in e.hint and nothing_left()
 
 
+def test_a_cake_home_that_is_a_file_says_so(fake, tmp_path, monkeypatch):
+    """It got the full-disk hint ("free space or point CAKE_HOME elsewhere")."""
+    fake()
+    home = tmp_path / "home-file"
+    home.write_text("not a folder")
+    monkeypatch.setenv("CAKE_HOME", str(home))
+    e = error_of("tiny-embedded")
+    assert e.message == f"CAKE_HOME {home} is a file, not a folder"
+    assert e.hint == "point CAKE_HOME at a folder (it is created when needed), or unset it"
+    monkeypatch.setenv("CAKE_HOME", str(home / "below"))
+    below = error_of("tiny-embedded").message
+    assert below == f"CAKE_HOME {home / 'below'} is inside {home}, which is a file, not a folder"
+    assert home.read_text() == "not a folder"
+
+
 def test_an_interrupted_conversion_leaves_nothing(fake, monkeypatch):
     fake()
 
@@ -385,6 +402,53 @@ def test_any_gguf_converts_once_keyed_by_content(tiny_gguf, tmp_path, monkeypatc
     other, _ = save_tiny_gguf(tmp_path / "other.gguf", seed=1)
     load_model(str(other))
     assert len(calls) == 2 and len(list((models_dir() / "gguf").iterdir())) == 2
+
+
+def test_two_first_runs_at_once_convert_once(tiny_gguf, monkeypatch):
+    """The second run waits on the lock file in CAKE_HOME while the first converts, then uses its result
+    (two first runs at once each converted: 76 s and 2.5 GB twice). Threads stand in for processes:
+    each takes the lock through its own open file, as a process does."""
+    file = tiny_gguf[0]
+    real, calls, converting = conversion.load_gguf, [], threading.Event()
+
+    def slow(*args, **kwargs):
+        calls.append(args[0])
+        converting.set()
+        time.sleep(1.0)  # long enough for the second run to find the lock held
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(conversion, "load_gguf", slow)
+    results, messages = {}, {"first": [], "second": []}
+
+    def run(name):
+        results[name] = conversion.ensure_converted(file, progress=messages[name].append)
+
+    first = threading.Thread(target=run, args=("first",))
+    first.start()
+    assert converting.wait(30)
+    second = threading.Thread(target=run, args=("second",))
+    second.start()
+    first.join(60)
+    second.join(60)
+    dest = checkpoints.gguf_dir(len(tiny_gguf[2]), hashlib.sha256(tiny_gguf[2]).hexdigest())
+    assert results == {"first": dest, "second": dest} and len(calls) == 1, "converted once"
+    assert messages["second"] == [
+        f"another cake run is converting this model into {dest}: waiting for it",
+        f"using the conversion the other run finished in {dest}",
+    ]
+    assert (cake_home() / "locks" / f"{dest.name}.lock").is_file(), "the lock lives in CAKE_HOME"
+
+
+def test_a_converted_checkpoint_follows_the_umask(tiny_gguf):
+    """safetensors writes model.safetensors 0600, which a shared CAKE_HOME's other users cannot read."""
+    umask = os.umask(0o022)
+    try:
+        dest = conversion.ensure_converted(tiny_gguf[0])
+    finally:
+        os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (dest, *dest.iterdir())}
+    assert modes["model.safetensors"] == 0o644 and modes[dest.name] == 0o755
+    assert set(modes.values()) == {0o644, 0o755}, modes
 
 
 def test_a_truncated_gguf_is_refused_before_conversion(tiny_gguf, tmp_path, monkeypatch):

@@ -58,16 +58,36 @@ def test_is_prose(line, prose):
     assert is_prose(line) is prose
 
 
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("  # idx is the start index\n    lines = []\n", "    lines = []"),  # the issue's `--at 338`
+        ("\n    lines = []\n", "    lines = []"),  # a newline first: nothing of the last line
+        (")\n```python\nx = 1\n```", "x = 1"),
+        ("  # only the rest of the last line", ""),
+        ("", ""),
+    ],
+)
+def test_a_completion_starts_on_the_next_line(raw, expected):
+    """The prompt ends inside its last line: what comes before the first newline finishes that line."""
+    assert filter_code(raw, 5, continues_line=True) == expected
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.text(alphabet="ab =():\n `#Hx.", max_size=80), st.lists(st.integers(1, 7), max_size=20), st.integers(1, 4))
-def test_streaming_equals_one_shot(text, cuts, lines):
-    f, out, pos = CodeFilter(lines), [], 0
+@given(
+    st.text(alphabet="ab =():\n `#Hx.", max_size=80),
+    st.lists(st.integers(1, 7), max_size=20),
+    st.integers(1, 4),
+    st.booleans(),
+)
+def test_streaming_equals_one_shot(text, cuts, lines, continues_line):
+    f, out, pos = CodeFilter(lines, continues_line), [], 0
     for size in cuts:
         out.append(f.feed(text[pos : pos + size]))
         pos += size
     out.append(f.feed(text[pos:]))
     out.append(f.finish())
-    assert "".join(out) == filter_code(text, lines) == f.text
+    assert "".join(out) == filter_code(text, lines, continues_line) == f.text
     assert len([line for line in f.text.split("\n") if line.strip()]) <= lines
 
 

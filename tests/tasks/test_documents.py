@@ -298,6 +298,27 @@ def test_empty_or_whitespace_stdin(data):
     assert "nothing to read" in load_error("-", stdin=io.BytesIO(data)).message
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        " \n\u200b\n",  # a zero-width space (Cf) among whitespace: the "HTML document with no content"
+        "\u2060\u200d\u200c\u200e\u202f\u3000\u2029",  # word joiner, ZWJ, ZWNJ, LRM, narrow/ideographic spaces
+        "\t\u180e \u2063\n",  # Mongolian vowel separator, invisible separator
+    ],
+)
+def test_unicode_spaces_and_format_characters_are_blank(tmp_path, text):
+    path = tmp_path / "blank.html"
+    path.write_text(text, encoding="utf-8")
+    error = load_error(str(path))
+    assert error.message == f"{path} has only whitespace; nothing to read"
+    assert load_error("-", stdin=io.BytesIO(text.encode())).message == "<stdin> has only whitespace; nothing to read"
+
+
+def test_is_blank_stops_at_any_visible_character():
+    assert documents.is_blank("") and documents.is_blank("\u200b \ufeff\n")
+    assert not documents.is_blank("\u200b.") and not documents.is_blank("\u200bé") and not documents.is_blank("中")
+
+
 @pytest.mark.parametrize("data", [b"PK\x03\x04\x14\x00\x00\x00" + bytes(range(256)) * 4, bytes(range(1, 32)) * 100])
 def test_binary_input(tmp_path, data):
     path = tmp_path / "report.docx"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from cake_cli.tasks import threads as th
+from cake_cli.tasks.cores import capped_threads
 
 
 def test_auto_uses_idle_cores_for_prefill_and_decode_start():
@@ -24,6 +25,16 @@ def test_requested_threads_are_fixed():
     assert (fixed.prefill, fixed.decode, fixed.adaptive, fixed.reason) == (3, 3, False, "--threads")
     with pytest.raises(ValueError, match="at least 1"):
         th.choose(0)
+
+
+def test_threads_above_the_usable_cores_are_capped_with_a_warning():
+    assert capped_threads(999, cores=2) == (
+        2,
+        "--threads 999 is more than the 2 usable cores of this machine: using 2 (more threads than cores only "
+        "wait for each other)",
+    )
+    assert capped_threads(2, cores=2) == (2, None) and capped_threads(None, cores=2) == (None, None)
+    assert capped_threads(3, cores=1)[1].startswith("--threads 3 is more than the 1 usable core of")
 
 
 def test_one_core_is_never_adaptive():

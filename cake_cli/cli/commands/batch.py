@@ -14,7 +14,8 @@ from typing import Annotated
 
 import typer
 
-from cake_cli.batch.rows import TASKS, batch_rows, check_options, parse_fields
+from cake_cli.batch.output import check_same_options
+from cake_cli.batch.rows import TASKS, batch_rows, check_options, key_options, parse_fields
 from cake_cli.cli.app import app, handled
 from cake_cli.cli.commands.tasks import task_request
 from cake_cli.cli.options import TaskOptions, with_options
@@ -58,7 +59,8 @@ Workers = Annotated[
         metavar="N",
         show_default=False,
         help="Workers, each loading the model once: N processes on this machine (default 1, in this process); "
-        "with --ray, N actors (default one per GPU, else one per node).",
+        "with --ray, N actors (default one per GPU; else with --ray local one per usable core, at most one per "
+        "row, and on a cluster one per node).",
     ),
 ]
 Threads = Annotated[
@@ -89,8 +91,13 @@ BatchOutput = Annotated[
         metavar="FILE",
         show_default=False,
         help="The results, JSON Lines: one line per row (its --json result, or its one-line error), appended and "
-        "fsynced as each row finishes. A rerun skips the rows already in it.",
+        "fsynced as each row finishes. A rerun skips the rows already in it and replaces the lines of rows it runs "
+        "again; a file of rows made with other options is refused.",
     ),
+]
+Verbose = Annotated[
+    bool,
+    typer.Option("--verbose", metavar="", help="With --ray: show Ray's own logging and the actors' output on stderr."),
 ]
 BatchJson = Annotated[
     bool, typer.Option("--json", metavar="", help="Print a JSON summary of the batch to stdout (rows, failed, rates).")
@@ -115,14 +122,17 @@ def batch(
     field: Field = None,
     workers: Workers = None,
     ray: Ray = None,
+    verbose: Verbose = False,
     *,
     opts: BatchOptions,
 ) -> None:
     """Run TASK on every document of INPUT (a folder or a .jsonl/.csv manifest), loading the model once per
     worker; each row's answer and report are appended to --output as one JSON line as soon as it finishes.
 
-    Resumable: a rerun skips the rows already in the output (same document, fields and task options). A row
-    that fails (empty, binary or scanned file, …) gets its one-line error and the batch goes on. Progress on
+    Resumable: a rerun skips the rows already in the output (same document, fields and task options) and runs
+    the failed ones again; at the end the file holds one line per row. One output holds one set of task options:
+    a rerun with others is refused (start a new file). A row that fails (empty, binary or scanned file, …) gets
+    its one-line error and the batch goes on. Progress on
     stderr. Exit code 0 when every row of INPUT has a successful line in the output; 1 when any row failed
     or could not run (rerun to finish); 2 for a usage error.
     """
@@ -132,15 +142,16 @@ def batch(
             if value is not None and value < 1:
                 raise UsageError(f"{flag} must be at least 1 (got {value})")
         fields = parse_fields(field or [])
-        base = task_request(task, "", {}, opts)
+        base = task_request(task, "", {}, dataclasses.replace(opts, threads=None))  # threads: the executor's
         template = check_options(base)
         output = check_writable(opts.output, "--output")
         if Path(input).expanduser().resolve() == output.resolve():
             raise UsageError("--output is the INPUT manifest", "choose another --output file, e.g. results.jsonl")
         if ray is not None and importlib.util.find_spec("ray") is None:
             raise CakeError("--ray needs Ray, which is not installed", "pip install 'cake-cli[ray]'")
+        check_same_options(output, key_options(base))  # one file, one set of options
         rows, duplicates = batch_rows(input, base, template, pattern, fields, output)
         from cake_cli.cli.runners import batch as batch_run  # noqa: PLC0415 - torch loads after the checks
 
-        code = batch_run.run_and_report(base, rows, duplicates, output, opts, (workers, threads, ray))
+        code = batch_run.run_and_report(base, rows, duplicates, output, opts, (workers, threads, ray, verbose))
     raise typer.Exit(code)

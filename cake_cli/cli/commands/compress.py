@@ -104,9 +104,11 @@ def compress(
 @with_options(TaskOptions)
 def chat(document: o.RequiredDocument, scoring: Scoring = DEFAULT_SCORING, *, opts: TaskOptions) -> None:
     """Ask question after question about one document (or a .cake file): it is compressed once, then every
-    answer streams to stdout. Questions come one a line from the terminal (exit or Ctrl-D ends) or from
-    piped stdin; --json prints one JSON line per turn. Each turn starts again from the compressed document,
-    so memory stays bounded and turns do not see each other."""
+    answer streams to stdout. Questions come one a line from the terminal (with line editing and history)
+    or from piped stdin; --json prints one JSON line per turn. Ctrl-C stops the answer being written and
+    asks for the next question; Ctrl-D or exit leaves (exit code 0), and so does Ctrl-C at the prompt
+    (exit code 130). Each turn starts again from the compressed document, so memory stays bounded and
+    turns do not see each other."""
     with handled():
         check_scoring(scoring)
         if document == "-":

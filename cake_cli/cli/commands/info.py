@@ -51,7 +51,8 @@ def _grid(rows: dict):
 @app.command()
 def version() -> None:
     """Print the cake-cli version."""
-    typer.echo(__version__)
+    with handled():
+        typer.echo(__version__)
 
 
 def _package_version(name: str) -> str | None:

@@ -8,7 +8,6 @@ file fails in well under a second.
 
 from __future__ import annotations
 
-import inspect
 import sys
 from typing import Annotated
 
@@ -27,20 +26,10 @@ from cake_cli.tasks.request import MIDDLE, SECTIONS, Callbacks, Plan, TaskReques
 
 Questions = Annotated[
     list[str] | None,
-    typer.Option(
-        "--question",
-        "-q",
-        metavar="QUESTION",
-        show_default=False,
-        help="A question; repeat it for several (-q Q1 -q Q2): the document is prefilled once and kept "
-        "whole, then each question evicts a copy with itself in the observation window (question-aware, "
-        "as `cake compress`'s default).",
-    ),
-]
-OptionalQuestion = Annotated[
-    str | None,
     typer.Argument(
-        help="The question; it ends the prompt, inside CAKE's observation window. Or give -q once or more.",
+        help="The question; it ends the prompt, inside CAKE's observation window. Several questions (Q1 Q2 …) "
+        "share one prefill of the document: it is kept whole, then each question evicts a copy with itself in "
+        "the observation window (question-aware, as `cake compress`'s default).",
         metavar="QUESTION",
         show_default=False,
     ),
@@ -56,16 +45,6 @@ Long = Annotated[
         "with their pages).",
     ),
 ]
-LongQuiet = Annotated[bool, typer.Option("--quiet", help=o.Quiet.__metadata__[0].help, metavar="")]
-
-
-def long_quiet(command):
-    """Leave `--quiet` without its -q short flag on `command`, whose -q is a question (`with_options` wrapper)."""
-    signature = inspect.signature(command)
-    params = [p.replace(annotation=LongQuiet) if p.name == "quiet" else p for p in signature.parameters.values()]
-    command.__signature__ = signature.replace(parameters=params)
-    command.__annotations__["quiet"] = LongQuiet
-    return command
 
 
 def resolve_document(document: str | None) -> str:
@@ -150,25 +129,17 @@ def summarize(document: o.Document = None, long: Long = MIDDLE, *, opts: TaskOpt
 
 
 @app.command()
-@long_quiet
 @with_options(TaskOptions)
-def qa(
-    document: o.RequiredDocument,
-    question: OptionalQuestion = None,
-    questions: Questions = None,
-    long: Long = MIDDLE,
-    *,
-    opts: TaskOptions,
-) -> None:
+def qa(document: o.RequiredDocument, questions: Questions = None, long: Long = MIDDLE, *, opts: TaskOptions) -> None:
     """Answer a question about a long document (or a .cake file from `cake compress`). One question ends
-    the prompt, so CAKE keeps what it needs; several (-q Q1 -q Q2) share one prefill of the document.
-    Only the document is ever truncated."""
-    asked = ([question] if question is not None else []) + list(questions or [])
+    the prompt, so CAKE keeps what it needs; several (`cake qa DOC Q1 Q2`) share one prefill of the
+    document, and each answer follows a numbered line naming its question. Only the document is ever
+    truncated."""
+    asked = list(questions or [])
     if not asked:
         with handled():
-            raise UsageError("task 'qa' needs a question", "give it as an argument, or several with -q Q1 -q Q2")
-    multiple = asked if len(asked) > 1 else None
-    run_command("qa", document, {"question": asked[0]}, opts, questions=multiple, long=long)
+            raise UsageError("task 'qa' needs a question", 'give it after the document, e.g. cake qa DOC "Who signed?"')
+    run_command("qa", document, {"question": asked[0]}, opts, questions=asked if len(asked) > 1 else None, long=long)
 
 
 @app.command()

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from cake_cli.batch.driver import BatchSummary, make_executor, run_rows
-from cake_cli.batch.output import read_results
+from cake_cli.batch.output import compact, read_results
 from cake_cli.batch.rows import BatchRow
 from cake_cli.cli.options import TaskOptions
 from cake_cli.cli.progress import LineProgress, StderrProgress, live_progress
@@ -26,7 +26,7 @@ def run_and_report(
     duplicates: int,
     output: Path,
     opts: TaskOptions,
-    executor_options: tuple[int | None, int | None, str | None],
+    executor_options: tuple[int | None, int | None, str | None, bool],
 ) -> int:
     """Run the rows of INPUT not yet in `output` and report; returns the exit code (0: every row of
     INPUT has a successful line in `output`, else 1).
@@ -50,6 +50,9 @@ def run_and_report(
             progress.status(f"{failed_before} rows that failed before run again")
         if todo:
             _run(base, todo, summary, appender, progress, executor_options)
+        replaced = compact(output)  # still holding the file: one line per key for a reader
+        if replaced:
+            progress.status(f"{output}: {replaced} old lines of rows run again replaced (one line per row)")
     if opts.json_out:
         sys.stdout.write(json.dumps(summary.to_dict(), indent=2) + "\n")
     if not opts.quiet:
@@ -59,8 +62,8 @@ def run_and_report(
 
 def _run(base, todo, summary: BatchSummary, appender: LineAppender, progress: StderrProgress, executor_options):
     """Start the workers, run `todo` with a progress bar, stop the workers (also on errors and Ctrl-C)."""
-    workers, threads, ray = executor_options
-    executor = make_executor(base, workers, threads, ray, progress.warning)
+    workers, threads, ray, verbose = executor_options
+    executor = make_executor(base, workers, threads, ray, progress.warning, verbose, len(todo))
     try:
         start = time.perf_counter()
         where = f"Ray ({ray})" if ray is not None else "this machine"
@@ -114,7 +117,7 @@ def _summary_line(s: BatchSummary) -> str:
         parts.append(f"{s.skipped} already done")
     if s.failed_before:
         parts.append(f"{s.failed_before} failed before, run again")
-    if s.done:
+    if data["documents_per_hour"] is not None:  # only rows that succeeded make a rate
         parts.append(f"{data['documents_per_hour']:,.0f} documents/hour, {data['tokens_per_second']:,.0f} tokens/s")
     style = "green" if s.succeeded else "yellow"
     return f"[{style}]batch:[/] {escape(' · '.join(parts))} → {escape(s.output)}"

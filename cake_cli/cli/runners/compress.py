@@ -1,8 +1,13 @@
-"""Compressed prefixes on the command line: `cake compress`, tasks on a .cake file, `qa -q … -q …`,
+"""Compressed prefixes on the command line: `cake compress`, tasks on a .cake file, `qa DOC Q1 Q2 …`,
 `cake chat`. Heavy (torch and the model): the commands import it only after every option, path and
 .cake header is checked.
 
 stdout carries only answers (or JSON); status, progress and the report go to stderr.
+
+`cake chat` on a terminal: the prompt has line editing and history (the standard library's
+readline); Ctrl-C while an answer streams stops that answer and asks for the next question (the
+compressed document is kept); Ctrl-C at the prompt leaves with exit code 130, Ctrl-D or `exit`
+with 0. The transcript (`-o`) is written either way.
 """
 
 from __future__ import annotations
@@ -11,6 +16,11 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+try:
+    import readline  # noqa: F401 - importing it gives input() line editing and history on a terminal
+except ImportError:  # not on every platform: input() still works, without editing
+    readline = None
 
 from cake_cli.cli.options import PrefillOptions, TaskOptions
 from cake_cli.cli.progress import StderrProgress
@@ -57,26 +67,39 @@ def compress_and_save(
         render_compress(result, progress.console)
 
 
+def answer_heading(index: int, count: int, question: str) -> str:
+    """The line before answer `index` (0-based) of `count` in plain text: '[2/3] QUESTION' (one line:
+    the question's line breaks become spaces). A reader splits the answers at these exact lines, in
+    order, so an answer may hold blank lines of its own; --json gives them as a list."""
+    return f"[{index + 1}/{count}] {' '.join(question.split())}"
+
+
 def answer_and_report(plans: list[Plan], opts: TaskOptions, progress: StderrProgress, output: Path | None) -> None:
-    """Tasks on one compressed prefix: a .cake file's, or the document's compressed once here (qa -q).
-    Text: the answers on stdout, a blank line between two; --json: one object (`results` for several)."""
+    """Tasks on one compressed prefix: a .cake file's, or the document's compressed once here (qa Q1 Q2).
+    Text: the answer on stdout; several: each after its `answer_heading` line, a blank line before the
+    next heading; --json: one object (`results` for several)."""
     stream = AnswerStream()
     cb = _callbacks(opts, progress, None if opts.json_out else stream)
     compressed = open_prefix(plans[0], cb, ready_model(plans[0].request, cb))
     results: list[RunResult] = []
+    several = len(plans) > 1  # several questions (qa Q1 Q2); else one task, maybe without a question
+    asked = [p.request.fields["question"] for p in plans] if several else []
+    headings = [answer_heading(i, len(asked), question) for i, question in enumerate(asked)]
     for index, plan in enumerate(plans):
-        if len(plans) > 1:
+        if several:
             progress.status(f"question {index + 1} of {len(plans)}: {plan.request.fields['question']}")
-            if index and not opts.json_out:
-                sys.stdout.write("\n")
+            if not opts.json_out:
+                sys.stdout.write(("\n" if index else "") + headings[index] + "\n")
         results.append(answer(compressed, plan, cb))
         stream.end_line()
     if opts.json_out:
         data = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
         text = json.dumps(data, indent=2) + "\n"
         sys.stdout.write(text)
+    elif not several:
+        text = results[0].answer + "\n"
     else:
-        text = "\n\n".join(r.answer for r in results) + "\n"
+        text = "\n\n".join(f"{heading}\n{r.answer}" for heading, r in zip(headings, results)) + "\n"
     if output is not None:
         write_atomic(output, text, "--output")
     if not opts.json_out and not opts.quiet:
@@ -84,16 +107,43 @@ def answer_and_report(plans: list[Plan], opts: TaskOptions, progress: StderrProg
             render(result, progress.console)
 
 
-def questions(progress: StderrProgress) -> Iterator[str]:
-    """Questions from stdin, one a line (blank lines skipped). On a terminal a prompt on stderr asks
-    for each, and `exit`, `quit` or end of input (Ctrl-D) stops."""
-    tty = sys.stdin.isatty()
-    while True:
-        if tty:
-            progress.console.print("[bold cyan]question>[/] ", end="")
+PROMPT = "question> "
+
+
+def terminal() -> tuple[bool, bool]:
+    """(stdin is a terminal, stdout is a terminal)."""
+    return sys.stdin.isatty(), sys.stdout.isatty()
+
+
+def read_line(progress: StderrProgress) -> str | None:
+    """One line of stdin; None at end of input. On a terminal the prompt asks for it: through
+    readline's `input()` when stdout is the terminal too (line editing, history), else on stderr
+    (stdout carries only answers); Ctrl-D there ends the prompt's line before leaving.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C at the prompt.
+    """
+    stdin_tty, stdout_tty = terminal()
+    if not stdin_tty:
+        return sys.stdin.readline() or None
+    try:
+        if stdout_tty:
+            return input(PROMPT)
+        progress.console.print(f"[bold cyan]{PROMPT}[/]", end="")
         line = sys.stdin.readline()
-        if not line:
-            return
+        if line:
+            return line
+    except EOFError:
+        pass
+    progress.console.print()  # Ctrl-D: the shell's prompt starts on a line of its own
+    return None
+
+
+def questions(progress: StderrProgress) -> Iterator[str]:
+    """Questions from stdin, one a line (blank lines skipped), until the end of input (Ctrl-D) or, on a
+    terminal, `exit`, `quit` or `:q` (`read_line`)."""
+    tty = terminal()[0]
+    while (line := read_line(progress)) is not None:
         line = line.strip()
         if tty and line.lower() in EXIT_WORDS:
             return
@@ -104,7 +154,12 @@ def questions(progress: StderrProgress) -> Iterator[str]:
 def chat(plan: Plan, opts: TaskOptions, progress: StderrProgress, output: Path | None, scoring: str) -> None:
     """`cake chat`: question after question on one compressed document, answers streamed. Every turn
     starts again from the compressed document (`tasks.saved.compress`: memory never grows). --json: one
-    JSON line per turn; `output` gets the transcript (answers, or the JSON lines)."""
+    JSON line per answered turn; `output` gets the transcript (answers, or the JSON lines), also when
+    Ctrl-C at the prompt leaves. Ctrl-C during an answer stops it only (see the module docstring).
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C at the prompt (exit code 130), after the transcript is written.
+    """
     stream = AnswerStream()
     cb = _callbacks(opts, progress, None if opts.json_out else stream)
     compressed = open_prefix(plan, cb, ready_model(plan.request, cb), scoring)
@@ -114,19 +169,45 @@ def chat(plan: Plan, opts: TaskOptions, progress: StderrProgress, output: Path |
         if compressed.meta.whole
         else f"compressed to {kv} of KV cache"
     )
-    progress.status(f"ready: {n}-token document {held}; one question per line")
-    transcript = []
-    for turn, question in enumerate(questions(progress), start=1):
-        result = answer(compressed, for_fields(plan, {"question": question}), cb)
+    leave = "Ctrl-C stops an answer; Ctrl-D, exit or Ctrl-C at the prompt leaves" if terminal()[0] else ""
+    progress.status(f"ready: {n}-token document {held}; one question per line" + (f" ({leave})" if leave else ""))
+    transcript: list[str] = []
+    try:
+        for question in questions(progress):
+            try:
+                result = answer(compressed, for_fields(plan, {"question": question}), cb)
+            except KeyboardInterrupt:  # stop this answer only; the compressed document is untouched
+                stream.end_line()
+                progress.console.print(
+                    "[yellow]answer stopped[/] (Ctrl-C): ask the next question; Ctrl-C again at the prompt or "
+                    "Ctrl-D leaves",
+                    soft_wrap=True,
+                )
+                continue
+            stream.end_line()
+            _record_turn(len(transcript) + 1, question, result, opts, progress, transcript)
+    except KeyboardInterrupt:  # at the prompt: leave, keeping what was answered
         stream.end_line()
-        if opts.json_out:
-            line = json.dumps({"turn": turn, **result.to_dict()}, separators=(",", ":"))
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
-            transcript.append(line)
-        else:
-            transcript.append(f"Q: {question}\nA: {result.answer}\n")
-            if not opts.quiet:
-                progress.console.print(turn_line(turn, result), soft_wrap=True)
+        progress.console.print()
+        _write_transcript(output, transcript)
+        raise
+    _write_transcript(output, transcript)
+
+
+def _record_turn(turn: int, question: str, result: RunResult, opts: TaskOptions, progress, transcript) -> None:
+    """Print a finished turn's JSON line (--json) or its numbers (stderr), and keep it for the transcript."""
+    if opts.json_out:
+        line = json.dumps({"turn": turn, **result.to_dict()}, separators=(",", ":"))
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        transcript.append(line)
+    else:
+        transcript.append(f"Q: {question}\nA: {result.answer}\n")  # a blank line between two turns
+        if not opts.quiet:
+            progress.console.print(turn_line(turn, result), soft_wrap=True)
+
+
+def _write_transcript(output: Path | None, transcript: list[str]) -> None:
+    """The turns (text ones end in their own newline, JSON lines do not), one newline at the end."""
     if output is not None:
-        write_atomic(output, "\n".join(transcript) + ("\n" if transcript else ""), "--output")
+        write_atomic(output, "\n".join(transcript).rstrip("\n") + ("\n" if transcript else ""), "--output")

@@ -3,6 +3,9 @@
 `cake complete` asks for code only, and also cleans what comes back, because an instruct model
 sometimes wraps code in markdown fences or opens with a sentence of prose:
 
+- the prompt ends inside its last context line (no trailing newline, see the `complete` template),
+  so the text before the model's first newline finishes that line: it is dropped
+  (`continues_line`), and the first line printed is the next line of the file (`--at LINE`: line LINE);
 - leading blank lines, markdown fences (```` ``` ````, ```` ```python ````) and prose lines before
   the first code line are dropped;
 - a closing fence after the code ends the answer;
@@ -73,14 +76,18 @@ class CodeFilter:
 
     Args:
         max_lines: most non-blank code lines to keep (>= 1).
+        continues_line: the text starts inside the prompt's last line: everything up to and
+            including the first newline finishes that line and is dropped (a text without a
+            newline gives nothing).
 
     Raises:
         UsageError: max_lines < 1.
     """
 
-    def __init__(self, max_lines: int = DEFAULT_LINES):
+    def __init__(self, max_lines: int = DEFAULT_LINES, continues_line: bool = False):
         check_lines(max_lines)
         self.max_lines = max_lines
+        self.continuing = continues_line  # still inside the prompt's last line
         self.buffer = ""
         self.started = False  # the first code line has been emitted
         self.done = False  # max_lines reached or a closing fence seen: ignore the rest
@@ -97,12 +104,14 @@ class CodeFilter:
         """Take the next piece of generated text; return the code it completes (maybe '')."""
         self.buffer += piece
         *lines, self.buffer = self.buffer.split("\n")
+        if lines and self.continuing:  # the first newline ends the prompt's last line
+            lines, self.continuing = lines[1:], False
         return "".join(self._line(line) for line in lines)
 
     def finish(self) -> str:
         """The code in the last, unterminated line (call once, after the last `feed`)."""
         line, self.buffer = self.buffer, ""
-        return self._line(line)
+        return "" if self.continuing else self._line(line)
 
     def _line(self, line: str) -> str:
         if self.done:
@@ -123,9 +132,9 @@ class CodeFilter:
         return out
 
 
-def filter_code(text: str, max_lines: int = DEFAULT_LINES) -> str:
+def filter_code(text: str, max_lines: int = DEFAULT_LINES, continues_line: bool = False) -> str:
     """`text` cleaned to code only, at most `max_lines` non-blank lines (the CodeFilter rules)."""
-    f = CodeFilter(max_lines)
+    f = CodeFilter(max_lines, continues_line)
     f.feed(text)
     f.finish()
     return f.text

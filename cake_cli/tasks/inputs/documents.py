@@ -47,8 +47,10 @@ _DELETE = {c: None for c in (*range(0x00, 0x20), *range(0x7F, 0xA0), 0xAD, 0xFEF
 _DELETE.pop(ord("\t"))
 _BLANK_RUN = re.compile(r"\n{4,}")  # more than two blank lines
 
+_BLANK_CATEGORIES = frozenset({"Zs", "Zl", "Zp", "Cc", "Cf"})  # spaces, separators, controls, format characters
+
 _BINARY_HINT = "pass a PDF or a text file; convert other formats first, e.g. `pandoc FILE -t plain`"
-_CONTENT_HINT = "pass a file, or pipe in text, that has content"
+_CONTENT_HINT = "give a document that has text in it"
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,10 @@ def load_document(source: str, *, password: str | None = None, stdin: BinaryIO |
         stdin: byte stream for ``"-"``; defaults to ``sys.stdin.buffer``.
 
     Raises:
-        CakeError: missing file, a directory, unreadable file, empty or whitespace-only input
-            ("nothing to read"), binary input, PDF that is scanned (no text on any page),
-            encrypted without/with a wrong password, or damaged beyond repair.
+        CakeError: missing file, a directory, unreadable file, empty or blank input ("nothing to read":
+            only whitespace and invisible characters, see `is_blank`), binary input, PDF that is
+            scanned (no text on any page), encrypted without/with a wrong password, or damaged beyond
+            repair.
     """
     name = STDIN_NAME if source == "-" else source
     data = _read_stdin(stdin) if source == "-" else _read_file(source)
@@ -97,9 +100,16 @@ def load_document(source: str, *, password: str | None = None, stdin: BinaryIO |
         )
     text, warnings = decode_text(data, name)
     text = normalize_text(text)
-    if not text.strip():
+    if is_blank(text):
         raise CakeError(f"{name} has only whitespace; nothing to read", _CONTENT_HINT)
     return Document(text=text, source=name, kind="text", warnings=tuple(warnings))
+
+
+def is_blank(text: str) -> bool:
+    """True when `text` holds nothing to read: only whitespace, Unicode spaces and separators (Zs, Zl,
+    Zp), controls (Cc) and format characters (Cf: zero-width space U+200B, joiners, direction marks,
+    U+FEFF, ...). Stops at the first visible character."""
+    return all(ch.isspace() or unicodedata.category(ch) in _BLANK_CATEGORIES for ch in text)
 
 
 def normalize_text(text: str) -> str:
@@ -198,12 +208,12 @@ def _load_pdf(data: bytes, name: str, password: str | None) -> Document:
 
     raw_pages, scanned_pages, warnings = pdf.extract_pages(data, name, password)
     pages = [normalize_text(page) for page in raw_pages]
-    if not any(page.strip() for page in pages):
+    if all(is_blank(page) for page in pages):
         raise CakeError(
             f"{name} has no text on any page; it looks scanned",
             "run OCR first, e.g. `ocrmypdf in.pdf out.pdf`, then pass out.pdf",
         )
-    empty = [number for number, page in enumerate(pages, 1) if not page.strip()]
+    empty = [number for number, page in enumerate(pages, 1) if is_blank(page)]
     scanned = [number for number in empty if number in scanned_pages]
     blank = [number for number in empty if number not in scanned_pages]
     if scanned:
@@ -224,7 +234,7 @@ def join_pages(pages: list[str]) -> tuple[str, tuple[int, ...]]:
         ``(text, offsets)``: ``offsets[i]`` is where page ``i`` starts in ``text`` (code points);
         a blank page gets the start of the next page with text (or ``len(text)``).
     """
-    kept = [page for page in pages if page.strip()]
+    kept = [page for page in pages if not is_blank(page)]
     text = PAGE_SEPARATOR.join(kept)
     starts = []  # where each kept page starts in text
     position = 0
@@ -235,7 +245,7 @@ def join_pages(pages: list[str]) -> tuple[str, tuple[int, ...]]:
     next_kept = 0  # index into starts of the next page with text
     for page in pages:
         offsets.append(starts[next_kept] if next_kept < len(starts) else len(text))
-        if page.strip():
+        if not is_blank(page):
             next_kept += 1
     return text, tuple(offsets)
 
@@ -249,7 +259,7 @@ def _read_file(path: str) -> bytes:
         with open(file, "rb") as handle:
             return handle.read()
     except FileNotFoundError:
-        hint = "check the path, or pass - to read stdin"
+        hint = "check the path"
         raise CakeError(f"{path}: no such file", hint) from None
     except PermissionError:
         hint = f"make it readable, e.g. `chmod u+r {path}`"

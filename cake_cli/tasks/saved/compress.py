@@ -209,7 +209,6 @@ def answer(compressed: Compressed, plan: Plan, cb: Callbacks | None = None) -> R
             cont, capacity = continue_prefix(
                 model, compressed.state, input_ids, prep.config, evict=compressed.meta.whole
             )
-        timing["continuation"] = cont.seconds
         return decode_following_load(
             prep.threads,
             decode,
@@ -231,9 +230,8 @@ def answer(compressed: Compressed, plan: Plan, cb: Callbacks | None = None) -> R
         prefix_tokens=n,
         continuation_tokens=len(prep.prompt.input_ids) - n,
         scoring=meta.scoring,
-        stored_prefill_seconds=meta.prefill_seconds,
+        prefix_prefill_seconds=meta.prefill_seconds,
         read_seconds=compressed.read_seconds,
-        continuation_seconds=timing.get("continuation", 0.0),
         first_token_seconds=timing.get("first", time.perf_counter() - began),
     )
     return replace(result, cache=info, question=plan.request.fields.get("question"))

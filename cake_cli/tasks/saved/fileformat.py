@@ -1,6 +1,6 @@
 """The .cake file: a compressed document prefix saved by `cake compress`, read without torch.
 
-Format (version `FORMAT_VERSION` = 2): one safetensors file. Tensors, per layer i: ``positions.i``
+Format (version `FORMAT_VERSION` = 3): one safetensors file. Tensors, per layer i: ``positions.i``
 [H_kv, len_i] int16 (int32 past 32767 positions): each kept token's true position; and its keys and
 values, at the file's ``kv_bits``:
 
@@ -17,11 +17,14 @@ The safetensors header's ``__metadata__`` holds one key, ``cake_cli``: a JSON ob
 `CacheMeta` field (format and cake-cli versions, model and its fingerprint, dtype, method, the
 scoring, the budget, window, taus, per-layer budgets and statistics, the KV bits, group and recent
 tokens, the prefix token ids, the document and where it came from, prefill seconds and KV bytes) and
-the sha256 of the tensor data. safetensors holds raw numbers only: reading a .cake runs no code (no
-pickle). Files are written atomically (`cake_cli.files`).
+``sha256``, the checksum of everything else in the file (`file_sha256`: that metadata, the tensor
+table and the tensor data), so an edited budget or kept count is refused like a flipped tensor byte.
+safetensors holds raw numbers only: reading a .cake runs no code (no pickle). Files are written
+atomically (`cake_cli.files`).
 
-Version 1 files (no ``kv_*`` fields: 16-bit tensors, as version 2 at 16 bits) still load; a version
-this build does not know is refused in one line with the command that remakes the file (`check_version`).
+Versions 1 and 2 (their ``data_sha256`` covers the tensor data only; version 1 has no ``kv_*``
+fields: 16-bit tensors, as version 2 at 16 bits) still load; a version this build does not know is
+refused in one line with the command that remakes the file (`check_version`).
 
 Everything here is light (json, hashlib): the command line checks a .cake (truncated, corrupt,
 another format version, options that contradict it) before torch loads.
@@ -39,8 +42,9 @@ from cake_cli.engine.config import KV_BITS
 from cake_cli.errors import CakeError
 
 FORMAT = "cake-cli-cache"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 1: no kv_* fields (16-bit keys and values, the same tensors)
+FORMAT_VERSION = 3  # 3: the checksum covers the metadata and the tensor table, not only the tensor data
+READABLE_VERSIONS = (1, 2, 3)  # 1: no kv_* fields (16-bit keys and values, the same tensors)
+CHECKSUM = "sha256"  # the metadata field holding `file_sha256` (version 3)
 SUFFIX = ".cake"
 META_KEY = "cake_cli"
 SCORINGS = ("question", "end", "instruction", "reconstruct")  # how the document is scored (`tasks.saved.compress`)
@@ -100,12 +104,13 @@ class CacheMeta:
     kv_bytes: int  # KV bytes of the compressed prefix, measured from the tensors
     kv_bytes_full: int  # the prefix's full cache
     kv_peak: int  # largest total during that prefill
-    data_sha256: str = ""  # of the safetensors data section (filled in when saving)
+    data_sha256: str = ""  # versions 1-2: of the safetensors data section only ("" from version 3)
     # format 2 (`V2_DEFAULTS`: what a version 1 file means):
     kv_bits: int = 16  # bits per saved key/value: 16 = the model's dtype, 8 / 4 = grouped affine (`engine.kvquant`)
     kv_group: int | None = None  # entries per quantization group (None at 16 bits)
     kv_recent: int = 0  # newest tokens of each layer kept in the model's dtype when quantized
     kv_bytes_file: int | None = None  # bytes of the saved keys and values (codes, scales, zeros, recent), measured
+    sha256: str = ""  # version 3: `file_sha256` of the file, metadata and tensor table included (set when saving)
 
     @property
     def whole(self) -> bool:
@@ -129,10 +134,11 @@ class CacheMeta:
         Raises:
             KeyError / TypeError: a field missing or of the wrong shape.
         """
-        optional = {"data_sha256", *V2_DEFAULTS}
+        optional = {"data_sha256", CHECKSUM, *V2_DEFAULTS}
         values = {f.name: data[f.name] for f in fields(cls) if f.name not in optional}
         values["layers"] = [LayerMeta(**layer) for layer in values["layers"]]
-        return cls(**values, data_sha256=str(data.get("data_sha256", "")), **v2_fields(data))
+        sums = {name: str(data.get(name, "")) for name in ("data_sha256", CHECKSUM)}
+        return cls(**values, **sums, **v2_fields(data))
 
 
 @dataclass(frozen=True)
@@ -210,19 +216,60 @@ def read_saved(path: str | Path) -> SavedCache:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CakeError(f"{path} is a safetensors file but not a saved cake-cli cache", _again(None, path))
     check_version(data, path)
+    check_checksum(header, data, blob[start:], path)
     try:
         meta = CacheMeta.from_json(data)
     except (KeyError, TypeError) as exc:
         raise CakeError(f"{path} is corrupt (metadata field {exc} missing or malformed)", _again(None, path)) from None
     check_quantization(meta, path)
-    if hashlib.sha256(blob[start:]).hexdigest() != meta.data_sha256:
-        raise CakeError(f"{path} is corrupt: its tensors do not match their checksum", _again(meta.source, path))
     return SavedCache(path, meta, len(blob), time.perf_counter() - start_time)
 
 
-def data_sha256(blob: bytes) -> str:
-    """sha256 of a safetensors file's data section (what `read_saved` checks)."""
-    return hashlib.sha256(blob[split_file(blob, Path("<new .cake>"))[1] :]).hexdigest()
+def check_checksum(header: dict, meta: dict, data: bytes, path: Path) -> None:
+    """Refuse a file whose checksum does not match: from version 3 over the metadata, the tensor table
+    and the data (`file_sha256`); versions 1-2 recorded the data's only (`data_sha256`).
+
+    Raises:
+        CakeError (exit 1): corrupt or edited, with the command that remakes the file.
+    """
+    if meta.get("format_version", 0) >= 3:
+        if file_sha256(header, meta, data) == meta.get(CHECKSUM):
+            return
+        what = "corrupt or edited: its metadata or tensors do not match their checksum"
+    else:
+        if hashlib.sha256(data).hexdigest() == meta.get("data_sha256"):
+            return
+        what = "corrupt: its tensors do not match their checksum"
+    raise CakeError(f"{path} is {what}", _again(meta.get("source"), path))
+
+
+def _canonical(value) -> bytes:
+    """One byte string per JSON value (sorted keys, no spaces), however the file's JSON was written."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def file_sha256(header: dict, meta: dict, data: bytes) -> str:
+    """The checksum a version 3 .cake stores in its metadata's `sha256`: sha256 over the metadata
+    (every field but `sha256` itself), the tensor table (names, dtypes, shapes, offsets) and the
+    tensor data.
+
+    Args:
+        header: the safetensors header (JSON object); its `__metadata__` is left out (`meta` is it).
+        meta: the metadata object (`CacheMeta.to_json`, parsed).
+        data: the data section, bytes.
+    """
+    table = {name: entry for name, entry in header.items() if name != "__metadata__"}
+    digest = hashlib.sha256()
+    for part in (_canonical({k: v for k, v in meta.items() if k != CHECKSUM}), b"\0", _canonical(table), b"\0"):
+        digest.update(part)
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def blob_sha256(blob: bytes) -> str:
+    """`file_sha256` of a safetensors file written with a `META_KEY` metadata (what `read_saved` checks)."""
+    header, start = split_file(blob, Path("<new .cake>"))
+    return file_sha256(header, json.loads(header["__metadata__"][META_KEY]), blob[start:])
 
 
 # ---- format version 2: versions, KV bits ------------------------------------------------------------

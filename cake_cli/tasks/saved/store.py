@@ -32,7 +32,7 @@ from cake_cli.models.profiles import model_spec
 from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.results import CompressResult, human_bytes, summary_fields
 from cake_cli.tasks.runner import ReadyModel, ready_model
-from cake_cli.tasks.saved.fileformat import FORMAT, FORMAT_VERSION, META_KEY, CacheMeta, LayerMeta, data_sha256
+from cake_cli.tasks.saved.fileformat import FORMAT, FORMAT_VERSION, META_KEY, CacheMeta, LayerMeta, blob_sha256
 from cake_cli.tasks.threads import Threads, choose
 
 DEFAULT_RECENT = 32  # tokens kept in the model's dtype when a --method full prefix (no window) is quantized
@@ -139,8 +139,8 @@ def save(compressed: Compressed, path: str | Path, bits: int = 16) -> int:
     kv = sum(t.numel() * t.element_size() for name, t in tensors.items() if not name.startswith("positions."))
     compressed.meta = replace(meta, kv_bytes_file=kv)
     blob = save_tensors(tensors, metadata={META_KEY: compressed.meta.to_json()})
-    meta = replace(compressed.meta, data_sha256=data_sha256(blob))
-    blob = save_tensors(tensors, metadata={META_KEY: meta.to_json()})  # same data section, checksum in the header
+    meta = replace(compressed.meta, sha256=blob_sha256(blob))
+    blob = save_tensors(tensors, metadata={META_KEY: meta.to_json()})  # same tensors, the checksum added to the header
     compressed.meta = meta
     write_atomic(path, blob, "the .cake file")
     return len(blob)

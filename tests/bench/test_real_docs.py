@@ -220,12 +220,12 @@ TINY_REAL = ["bench", "quality", "--suite", "real", "--model", "tiny-test", "--t
 def test_real_suite_end_to_end_then_resume(cli_env):
     out = cli_env / "real.json"
     args = [*TINY_REAL, "--documents", "python-textwrap", "--quick", "--lengths", "600", "--budgets", "32"]
-    args += ["--methods", "full,cake", "--output", str(out)]
+    args += ["--methods", "full,cake,h2o", "--output", str(out)]  # h2o: the recording keeps every query's attention
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
     data = json.loads(out.read_text())
     rows = data["rows"]
-    assert len(rows) == 2 * 2  # 2 questions (quick) x (full + cake at one budget)
+    assert len(rows) == 2 * 3  # 2 questions (quick) x (full + cake + h2o at one budget)
     assert data["meta"]["split"] == "real" and data["meta"]["documents"] == ["python-textwrap"]
     assert {r["task"] for r in rows} <= set(REAL_TASKS) and {r["source"] for r in rows} == {"python-textwrap"}
     assert all(r["support"] in ("located", "unsupported", "abstained") for r in rows)

@@ -7,40 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from cake_cli.cli.main import app
 from cake_cli.tasks.saved import fileformat as cachefile
-from tests.helpers.texts import license_text
+from tests.helpers.cli import TINY, compressed, invoke, one_error_line
 
-runner = CliRunner()
-TINY = ["-m", "tiny-test"]
 QUESTIONS = ["Who holds the copyright?", "What does the license permit?"]
-
-
-def invoke(*args, input=None):
-    return runner.invoke(app, [str(a) for a in args], input=input)
-
-
-def one_error_line(result, code: int, words: str) -> str:
-    assert result.exit_code == code, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr and result.stdout == ""
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and words in lines[0], lines
-    return lines[0]
-
-
-@pytest.fixture
-def doc(cli_env):
-    path = cli_env / "notes.txt"
-    path.write_text(license_text()[:1300], encoding="utf-8")
-    return path
-
-
-def compressed(doc, path, *args):
-    result = invoke("compress", doc, "-o", path, *TINY, "-b", "64", "--dtype", "float32", *args, "--json")
-    assert result.exit_code == 0, result.stderr
-    return path, json.loads(result.stdout)
 
 
 @pytest.fixture

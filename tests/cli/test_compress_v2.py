@@ -11,43 +11,19 @@ import json
 import pytest
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
-from typer.testing import CliRunner
 
-from cake_cli.cli.main import app
 from cake_cli.engine.continuation import requantized
 from cake_cli.tasks.saved import compress as saved_compress
 from cake_cli.tasks.saved import fileformat as cachefile
-from tests.helpers.texts import license_text
+from tests.helpers.cli import TINY, invoke, one_error_line
+from tests.helpers.cli import compressed as compress_tiny
 
-runner = CliRunner()
-TINY = ["-m", "tiny-test"]
 QUESTIONS = ["Who holds the copyright?", "What does the license permit?"]
 
 
-def invoke(*args, input=None):
-    return runner.invoke(app, [str(a) for a in args], input=input)
-
-
-def one_error_line(result, code: int, words: str) -> str:
-    assert result.exit_code == code, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr and result.stdout == ""
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and words in lines[0], lines
-    return lines[0]
-
-
-@pytest.fixture
-def doc(cli_env):
-    path = cli_env / "notes.txt"
-    path.write_text(license_text()[:1300], encoding="utf-8")
-    return path
-
-
 def compressed(doc, path, *args):
-    result = invoke("compress", doc, "-o", path, *TINY, "-b", "64", "--dtype", "float32", "--scoring", "end", *args,
-                    "--json")  # fmt: skip
-    assert result.exit_code == 0, result.stderr
-    return path, json.loads(result.stdout)
+    """A question-agnostic .cake (`--scoring end`: evicted at compression, so the file holds B·L tokens)."""
+    return compress_tiny(doc, path, "--scoring", "end", *args)
 
 
 @pytest.fixture

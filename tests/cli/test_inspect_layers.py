@@ -8,21 +8,12 @@ import re
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from cake_cli.cli.main import app
-from tests.helpers.texts import license_text
+from tests.helpers.cli import runner
 
-runner = CliRunner()
 B, W, L = 64, 8, 4  # --budget, tiny-test's window, its layers
 ROW = re.compile(r"^\s*(\d+)\s+(\S+)\s+(\S+)\s+(\S+)%\s+(\d+)\s+(\d+)\s+\S*\s*$")
-
-
-@pytest.fixture
-def doc(cli_env):
-    path = cli_env / "notes.txt"
-    path.write_text(license_text()[:1300], encoding="utf-8")
-    return path
 
 
 @pytest.fixture

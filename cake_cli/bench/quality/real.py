@@ -20,19 +20,17 @@ question id as case id and the document id as source; an interrupted run resumes
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
-from cake_cli.bench.quality.run import Model, kept_key, uses_taus
+from cake_cli.bench.quality.run import Model, recording_accumulates, replay_cells, uses_taus
 from cake_cli.bench.real_docs import OpenDocument, RealQuestion
 from cake_cli.bench.scoring import real_scores
 from cake_cli.bench.suites import REAL_TASKS, REAL_TEMPLATE, CaseResult, RealSuite, Variant, result_key
-from cake_cli.engine.generate import decode
-from cake_cli.engine.replay import record, replay
+from cake_cli.engine.replay import record
 from cake_cli.tasks.answers.cite import ABSTAINED, LOCATED, UNSUPPORTED, find_support
 from cake_cli.tasks.inputs.documents import page_of_offset
 from cake_cli.tasks.request import SECTIONS
@@ -156,6 +154,7 @@ def run_real(
         raise ValueError("run_real needs at least one budget")
     configs = {b: config_for_budget(b) for b in budgets}
     window = configs[budgets[0]].window
+    accumulate = recording_accumulates(variants)  # H2O replays every prompt query's attention
     device = model.model.get_input_embeddings().weight.device
     new_tokens = load_template(REAL_TEMPLATE).max_new_tokens
     rows: list[CaseResult] = []
@@ -170,21 +169,13 @@ def run_real(
             label = f"{question.id} @ {length}" + (f" section {part}/{len(prompts)}" if case.sections else "")
             if on_step:
                 on_step(f"{label}: prefill {ids.shape[1]} tokens")
-            rec = record(model.model, ids, window)
+            rec = record(model.model, ids, window, accumulate=accumulate)
             recorded += rec.seconds
-            answers = {}
-            for variant, budget in cells:
-                if on_step:
-                    on_step(f"{label}: {variant.name} B={budget or '-'}")
-                config = variant.config(configs[budget]) if budget is not None else None
-                start = time.perf_counter()
-                state = replay(rec, config)
-                same = kept_key(state, config)
-                if same not in answers:  # identical kept tokens and decode settings -> identical answer
-                    out = decode(model.model, ids, state, config, max_new_tokens=new_tokens, stop_ids=model.stop_ids)
-                    answers[same] = model.tokenizer.decode(list(out.token_ids), skip_special_tokens=True).strip()
-                replies.setdefault((variant.name, budget), []).append(answers[same])
-                seconds[(variant.name, budget)] = seconds.get((variant.name, budget), 0.0) + time.perf_counter() - start
+            for variant, budget, _, text, spent in replay_cells(
+                model, ids, rec, cells, configs, new_tokens, label, on_step
+            ):
+                replies.setdefault((variant.name, budget), []).append(text)
+                seconds[(variant.name, budget)] = seconds.get((variant.name, budget), 0.0) + spent
             del rec
         case_rows = []
         for variant, budget in cells:

@@ -132,7 +132,7 @@ def run_grid(
         raise ValueError("run_grid needs at least one budget")
     configs = {b: config_for_budget(b) for b in budgets}
     window = configs[budgets[0]].window
-    accumulate = any(accumulates(v.indicator) for v in variants)  # H2O replays every prompt query's attention
+    accumulate = recording_accumulates(variants)  # H2O replays every prompt query's attention
     device = model.model.get_input_embeddings().weight.device
     rows: list[CaseResult] = []
     for task, index, depth, length, cells in pending_cells(suite, variants, budgets, done):
@@ -143,18 +143,11 @@ def run_grid(
             on_step(f"{task} {case.case_id} @ {length}: prefill {len(ids_list)} tokens")
         rec = record(model.model, ids, window, accumulate=accumulate)
         new_tokens = _max_new_tokens(task)
-        case_rows, answers = [], {}
-        for variant, budget in cells:
-            if on_step:
-                on_step(f"{task} {case.case_id} @ {length}: {variant.name} B={budget or '-'}")
-            config = variant.config(configs[budget]) if budget is not None else None
-            start = time.perf_counter()
-            state = replay(rec, config)
-            same = kept_key(state, config)
-            if same not in answers:  # identical kept tokens and decode settings -> identical answer
-                out = decode(model.model, ids, state, config, max_new_tokens=new_tokens, stop_ids=model.stop_ids)
-                answers[same] = model.tokenizer.decode(list(out.token_ids), skip_special_tokens=True).strip()
-            text = answers[same]
+        case_rows = []
+        label = f"{task} {case.case_id} @ {length}"
+        for variant, budget, config, text, seconds in replay_cells(
+            model, ids, rec, cells, configs, new_tokens, label, on_step
+        ):
             case_rows.append(
                 CaseResult(
                     task=task,
@@ -170,7 +163,7 @@ def run_grid(
                     prediction=text,
                     tau1=config.tau1 if uses_taus(config) else None,
                     tau2=config.tau2 if uses_taus(config) else None,
-                    seconds=round(time.perf_counter() - start, 3),
+                    seconds=round(seconds, 3),
                     record_seconds=round(rec.seconds, 3),
                     source=case.source,
                 )
@@ -180,6 +173,39 @@ def run_grid(
         if on_case:
             on_case(case_rows)
     return rows
+
+
+def replay_cells(model: Model, ids, rec, cells, configs: dict, new_tokens: int, label: str, on_step=None) -> list:
+    """Every (variant, budget) cell of one recorded prefill, replayed and answered.
+
+    Args:
+        ids: [1, n] the prompt; rec: its `engine.replay.Recording`.
+        cells: (variant, budget) pairs (budget None: the full cache); configs: budget -> CakeConfig.
+        new_tokens: most tokens an answer may have; label, on_step: progress (a label per replay).
+
+    Returns:
+        [(variant, budget, config, answer, seconds)] in cell order. Cells that keep the same tokens
+        with the same decode settings share one decode (their answers are identical).
+    """
+    answers: dict = {}
+    out = []
+    for variant, budget in cells:
+        if on_step:
+            on_step(f"{label}: {variant.name} B={budget or '-'}")
+        config = variant.config(configs[budget]) if budget is not None else None
+        start = time.perf_counter()
+        state = replay(rec, config)
+        same = kept_key(state, config)
+        if same not in answers:
+            generated = decode(model.model, ids, state, config, max_new_tokens=new_tokens, stop_ids=model.stop_ids)
+            answers[same] = model.tokenizer.decode(list(generated.token_ids), skip_special_tokens=True).strip()
+        out.append((variant, budget, config, answers[same], time.perf_counter() - start))
+    return out
+
+
+def recording_accumulates(variants: list[Variant]) -> bool:
+    """Whether a recording must keep H2O's accumulated attention: some variant's indicator reads it."""
+    return any(accumulates(v.indicator) for v in variants)
 
 
 def expected_taus(variants: list[Variant], configs: dict) -> dict:

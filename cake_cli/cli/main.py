@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 import cake_cli.cli.commands.tasks  # noqa: F401 - registered first, so the task commands lead `cake --help`
-from cake_cli.cli.app import app
+from cake_cli.cli.app import OUTPUT_ERRNOS, app, print_output_error
 from cake_cli.cli.commands import (  # noqa: F401 - registers the other commands
     batch,
     bench,
@@ -18,5 +20,11 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. Help and usage texts are written by Typer outside the commands'
+    `handled` blocks: a full disk or closed pipe there is the same one-line error (exit 1)."""
+    try:
+        app()
+    except OSError as exc:
+        if exc.errno not in OUTPUT_ERRNOS:
+            raise
+        sys.exit(print_output_error(exc))

@@ -214,6 +214,14 @@ def test_chat_piped_json_lines_and_memory_bounded(cake):
     assert turns[1]["answer"] == single["answer"], "a chat turn answers as `qa FILE.cake` does"
 
 
+def test_a_piped_exit_line_ends_the_chat(cake):
+    """`exit` leaves whether typed or piped (it was sent to the model as a question when piped)."""
+    path, _ = cake
+    result = invoke("chat", path, "-n", "4", "--json", input=f"{QUESTIONS[0]}\nexit\n{QUESTIONS[1]}\n")
+    assert result.exit_code == 0, result.stderr
+    assert [json.loads(line)["question"] for line in result.stdout.splitlines()] == [QUESTIONS[0]]
+
+
 def test_chat_text_on_a_document(doc, cli_env):
     out = cli_env / "transcript.txt"
     result = invoke("chat", doc, *TINY, "-b", "64", "-n", "4", "-o", out, input=f"{QUESTIONS[0]}\n")

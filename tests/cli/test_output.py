@@ -97,6 +97,15 @@ def test_a_full_disk_on_stdout_is_a_one_line_error(cli_env):
         )
 
 
+def test_help_to_a_full_disk_is_a_one_line_error():
+    """Typer writes help outside the commands' error handling: `cake -h > /dev/full` was a traceback."""
+    with open("/dev/full", "w") as full:
+        results = [cake_to(full, *args) for args in (["-h"], ["qa", "-h"])]
+    for result in results:
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert one_line(result.stderr).startswith("error: cannot write to stdout: No space left on device")
+
+
 def test_a_closed_pipe_on_stdout_is_a_one_line_error():
     read, write = os.pipe()
     os.close(read)  # the reader is gone before anything is written (`cake … | true`)

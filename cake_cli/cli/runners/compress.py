@@ -140,12 +140,11 @@ def read_line(progress: StderrProgress) -> str | None:
 
 
 def questions(progress: StderrProgress) -> Iterator[str]:
-    """Questions from stdin, one a line (blank lines skipped), until the end of input (Ctrl-D) or, on a
-    terminal, `exit`, `quit` or `:q` (`read_line`)."""
-    tty = terminal()[0]
+    """Questions from stdin, one a line (blank lines skipped), until the end of input (Ctrl-D) or a
+    line `exit`, `quit` or `:q`, typed or piped (`read_line`)."""
     while (line := read_line(progress)) is not None:
         line = line.strip()
-        if tty and line.lower() in EXIT_WORDS:
+        if line.lower() in EXIT_WORDS:
             return
         if line:
             yield line

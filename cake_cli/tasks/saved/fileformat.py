@@ -163,7 +163,7 @@ def is_cache_path(document: str) -> bool:
 
 def _again(meta_source: str | None, path: Path) -> str:
     source = meta_source if meta_source and meta_source != "<stdin>" else "DOCUMENT"
-    return f"compress the document again: cake compress {source} -o {path.name}"
+    return f"compress the document again: cake compress {source} -o {path}"
 
 
 def split_file(blob: bytes, path: Path) -> tuple[dict, int]:

@@ -172,7 +172,7 @@ def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compress
     loaded, config = ready.loaded, ready.loaded.model.config
     loaded.dtype_reason = f"the dtype {saved.name} was compressed in"
     start = time.perf_counter()
-    again = f"compress the document again with this model: cake compress {meta.source} -o {saved.name}"
+    again = f"compress the document again with this model: cake compress {meta.source} -o {saved.path}"
     if fingerprint(loaded.model, loaded.tokenizer) != meta.fingerprint:
         raise CakeError(f"{saved.name} was made with other weights or another tokenizer than {loaded.name}", again)
     try:

@@ -85,14 +85,6 @@ def _silence_stdout() -> None:
         pass
 
 
-def print_output_error(exc: OSError) -> int:
-    """Print the one-line error of a failed write to stdout outside a command (help, usage) and
-    return the exit code (1); stdout is pointed at /dev/null first, so the exit's flush is quiet."""
-    _silence_stdout()
-    stderr_console().print(f"[bold red]error:[/] {escape(output_error(exc).one_line())}", soft_wrap=True)
-    return EXIT_ERROR
-
-
 @contextmanager
 def handled():
     """Turn known errors into one line on stderr and an exit code (traceback only with CAKE_DEBUG=1).

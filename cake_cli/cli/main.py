@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import sys
 
+import typer
+
 import cake_cli.cli.commands.tasks  # noqa: F401 - registered first, so the task commands lead `cake --help`
-from cake_cli.cli.app import OUTPUT_ERRNOS, app, print_output_error
+from cake_cli.cli.app import OUTPUT_ERRNOS, app, handled
 from cake_cli.cli.commands import (  # noqa: F401 - registers the other commands
     batch,
     bench,
@@ -27,4 +29,8 @@ def main() -> None:
     except OSError as exc:
         if exc.errno not in OUTPUT_ERRNOS:
             raise
-        sys.exit(print_output_error(exc))
+        try:
+            with handled():  # the commands' own path: stdout silenced, one line, exit 1
+                raise
+        except typer.Exit as done:
+            sys.exit(done.exit_code)

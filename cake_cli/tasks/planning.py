@@ -13,6 +13,7 @@ from cake_cli.engine.config import CakeConfig, ConfigError
 from cake_cli.engine.methods import FULL, label, resolve
 from cake_cli.errors import UsageError
 from cake_cli.models.dtypes import check_dtype
+from cake_cli.models.weights import check_weights
 from cake_cli.models.profiles import Profile, check_model_spec
 from cake_cli.tasks.answers.completion import (
     DEFAULT_LINES,
@@ -93,6 +94,7 @@ def check_request(request: TaskRequest) -> None:
             range.
     """
     check_dtype(request.dtype)
+    check_weights(request.weights or "bf16")
     if request.attention not in ATTENTIONS:
         raise UsageError(f"unknown attention backend '{request.attention}'", f"choose one of {', '.join(ATTENTIONS)}")
     if request.threads is not None and request.threads < 1:

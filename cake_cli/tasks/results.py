@@ -127,6 +127,8 @@ class PrefillSummary:
     device: str
     dtype: str
     dtype_reason: str  # why this dtype (`models.dtypes.auto_dtype`, or "asked for")
+    weights: str  # linear layers: bf16 | int8 | int4 (`models.weights`)
+    weights_reason: str  # why (`models.weights.auto_weights`, or "asked for")
     attention: str
     prompt_tokens: int
     document_tokens: int
@@ -186,6 +188,8 @@ def summary_fields(
         device=str(loaded.device),
         dtype=dtype,
         dtype_reason=loaded.dtype_reason,
+        weights=loaded.weights,
+        weights_reason=loaded.weights_reason,
         attention=backend,
         prompt_tokens=tokens[0],
         document_tokens=tokens[1],

@@ -65,19 +65,27 @@ def ready_model(request: TaskRequest, cb: Callbacks | None = None) -> ReadyModel
         CakeError: the model cannot be loaded, or its family is not handled by the engine.
     """
     cb = cb or Callbacks()
-    return load_ready(request.model, request.dtype, request.attention, request.device_map, cb.on_status)
+    return load_ready(
+        request.model, request.dtype, request.attention, request.device_map, cb.on_status, request.weights or "bf16"
+    )
 
 
 def load_ready(
-    model: str | None, dtype: str, attention: str, device_map: str | None = None, on_status=None
+    model: str | None,
+    dtype: str,
+    attention: str,
+    device_map: str | None = None,
+    on_status=None,
+    weights: str = "bf16",
 ) -> ReadyModel:
     """Load a model by name or path and switch it to CAKE attention (`attention`: auto | sdpa |
-    eager | flash_attention_2); `on_status(message)` gets the loader's status lines.
+    eager | flash_attention_2); `on_status(message)` gets the loader's status lines; `weights`:
+    the linear layers' format (`models.weights`).
 
     Raises:
         CakeError: the model cannot be loaded, or its family is not handled by the engine.
     """
-    loaded = load_model(model, dtype=dtype, device_map=device_map, progress=on_status)
+    loaded = load_model(model, dtype=dtype, device_map=device_map, progress=on_status, weights=weights)
     backend = default_backend(loaded.device) if attention == "auto" else attention
     try:
         backend = use_cake_attention(loaded.model, backend)  # Gemma 2: eager (soft-capping has no SDPA)

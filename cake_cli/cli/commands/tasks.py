@@ -84,6 +84,7 @@ def task_request(task: str, document: str, fields: dict[str, str], opts: Prefill
         budget=opts.budget,
         window=opts.window,
         dtype=opts.dtype,
+        weights=opts.weights,
         attention=opts.attention,
         device_map=opts.device_map,
         threads=opts.threads,

@@ -1,0 +1,214 @@
+"""Weight-only quantized linear layers for CPU decoding (`--weights int8|int4`).
+
+A decode step multiplies one token's activations by every weight matrix of the model, so on a CPU
+it is bound by how many weight bytes it reads (the default model's bf16 weights: ~1 GB per token,
+its 151,936 x 896 output head alone 272 MB). Storing the weights in 8 or 4 bits and multiplying
+with torch's fused CPU kernels reads 2-4x fewer bytes: measured on the project's machine (1 thread,
+benchmarks/runs/decode-profile-2026-12-02.md) the default model's linear layers take 56-87 ms per
+token in bf16, 25 ms in int8 and 17-21 ms in int4.
+
+- **int8**: symmetric per output channel, ``w ≈ q · s`` with ``q`` in [-127, 127] and ``s = max|w_row| / 127``
+  (``torch._weight_int8pack_mm``, the kernel torchao's CPU int8 weight-only layout calls);
+- **int4**: asymmetric per group of `GROUP` input channels, ``w ≈ (q - 8) · s + z`` with ``q`` in
+  [0, 15], ``s = (max - min) / 15``, ``z = min + 8 s`` (``torch._weight_int4pack_mm_for_cpu``, the
+  tinygemm formula torchao's ``Int4CPULayout`` uses).
+
+Prefill multiplies many tokens at once; there the fused kernels measured 2-3x slower than a bf16
+matrix product (256 tokens), so a forward of more than `DECODE_ROWS` tokens dequantizes the
+weight to the activation dtype and runs an ordinary ``F.linear``: prefill keeps bf16 speed, decode
+reads the small weights. Only the decoder's and the output head's ``nn.Linear`` layers are
+quantized; the embedding (a lookup, not a product) keeps its dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SCHEMES = ("bf16", "int8", "int4")  # bf16 = the model's own dtype, nothing quantized
+GROUP = 32  # int4 input channels per scale/zero pair (the kernel takes 32, 64, 128, 256; see module doc)
+DECODE_ROWS = 4  # forwards of at most this many tokens use the fused kernel (decode); more: dequantize
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8 quantization.
+
+    Args:
+        weight: [N, K] float weight (N output, K input channels).
+
+    Returns:
+        (q [N, K] int8 in [-127, 127], scales [N] float32) with weight ≈ q · scales[:, None].
+    """
+    w = weight.float()
+    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)  # [N]
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def quantize_int4(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 quantization per group of `group` input channels (tinygemm's formula).
+
+    Args:
+        weight: [N, K] float weight, K divisible by `group`.
+
+    Returns:
+        (nibbles [N, K // 2] uint8: q[:, 2j] in the low and q[:, 2j + 1] in the high 4 bits,
+        scale_zero [K // group, N, 2] float32: (s, z) with weight ≈ (q - 8) · s + z per group).
+
+    Raises:
+        ValueError: K not divisible by `group`, or `group` odd.
+    """
+    n, k = weight.shape
+    if k % group or group % 2:
+        raise ValueError(f"int4 needs the input size ({k}) to be a multiple of the group size ({group})")
+    w = weight.float().view(n, k // group, group)  # [N, G, group]
+    low, high = w.amin(dim=-1), w.amax(dim=-1)  # [N, G]
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    q = torch.round((w - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8).view(n, k)
+    nibbles = q[:, 0::2] | (q[:, 1::2] << 4)  # [N, K/2]
+    scale_zero = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()  # [G, N, 2]
+    return nibbles, scale_zero
+
+
+def unpack_int4(nibbles: torch.Tensor) -> torch.Tensor:
+    """[N, K // 2] uint8 nibbles -> [N, K] int32 values in [0, 15] (inverse of the packing above)."""
+    q = torch.stack([nibbles & 15, nibbles >> 4], dim=-1)  # [N, K/2, 2]
+    return q.view(nibbles.shape[0], -1).to(torch.int32)
+
+
+def dequantize_int4(nibbles: torch.Tensor, scale_zero: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[N, K] weight in `dtype` from `quantize_int4`'s output (the slow reference the tests use too)."""
+    q = unpack_int4(nibbles).float()  # [N, K]
+    n, k = q.shape
+    groups = scale_zero.shape[0]
+    s = scale_zero[..., 0].float().t().repeat_interleave(k // groups, dim=1)  # [N, K]
+    z = scale_zero[..., 1].float().t().repeat_interleave(k // groups, dim=1)
+    return ((q - 8) * s + z).to(dtype)
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` with int8 weights (see the module docstring).
+
+    Buffers: ``qweight`` [N, K] int8, ``scales`` [N] in the compute dtype, ``bias`` [N] or None.
+    Input [..., K] -> output [..., N] in the input's dtype.
+    """
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = qweight.shape[1], qweight.shape[0]
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scales", scales.to(dtype))
+        self.register_buffer("bias", None if bias is None else bias.to(dtype))
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """[N, K] weight in `dtype`."""
+        return (self.qweight.to(dtype) * self.scales.to(dtype)[:, None]).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)  # [M, K]
+        if rows.shape[0] > DECODE_ROWS:
+            return F.linear(x, self.dequantized(x.dtype), self.bias)
+        out = torch._weight_int8pack_mm(rows, self.qweight, self.scales.to(x.dtype))  # [M, N]
+        if self.bias is not None:
+            out = out + self.bias.to(x.dtype)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+class Int4Linear(nn.Module):
+    """``nn.Linear`` with int4 weights in groups of `group` input channels (see the module docstring).
+
+    Buffers: ``nibbles`` [N, K // 2] uint8 (portable: what is saved and what prefill dequantizes),
+    ``packed`` (the CPU kernel's tiled layout of the same values, built at load), ``scale_zero``
+    [K // group, N, 2] in the compute dtype, ``bias`` [N] or None.
+    """
+
+    def __init__(
+        self,
+        nibbles: torch.Tensor,
+        scale_zero: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        group: int = GROUP,
+    ):
+        super().__init__()
+        self.out_features, self.in_features, self.group = nibbles.shape[0], nibbles.shape[1] * 2, group
+        self.register_buffer("nibbles", nibbles.contiguous())
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpack_int4(nibbles), 1))
+        self.register_buffer("scale_zero", scale_zero.to(dtype).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.to(dtype))
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """[N, K] weight in `dtype`."""
+        return dequantize_int4(self.nibbles, self.scale_zero, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)  # [M, K]
+        if rows.shape[0] > DECODE_ROWS:
+            return F.linear(x, self.dequantized(x.dtype), self.bias)
+        sz = self.scale_zero if self.scale_zero.dtype == x.dtype else self.scale_zero.to(x.dtype)
+        out = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, sz)  # [M, N]
+        if self.bias is not None:
+            out = out + self.bias.to(x.dtype)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def fits(scheme: str, out_features: int, in_features: int) -> bool:
+    """Whether a linear layer of that size can take `scheme`: int4's kernel needs the output size a
+    multiple of 16 and the input size a multiple of `GROUP` (a layer that cannot stays float)."""
+    return scheme == "int8" or (out_features % 16 == 0 and in_features % GROUP == 0)
+
+
+def quantizable(model: nn.Module, scheme: str) -> list[str]:
+    """Names of the ``nn.Linear`` modules `quantize_model` replaces for `scheme`, in module order."""
+    return [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and fits(scheme, m.out_features, m.in_features)
+    ]
+
+
+def quantize_tensors(model: nn.Module, scheme: str) -> dict[str, torch.Tensor]:
+    """Quantize every linear layer's weight of `model` into flat tensors (what is saved).
+
+    Returns:
+        {"<module>.qweight"/".scales" (int8) or ".nibbles"/".scale_zero" (int4): tensor}, float
+        parts in float32. Raises ValueError for an unknown scheme or an int4 size not a multiple of GROUP.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for name in quantizable(model, scheme):
+        weight = model.get_submodule(name).weight.detach()
+        if scheme == "int8":
+            out[f"{name}.qweight"], out[f"{name}.scales"] = quantize_int8(weight)
+        elif scheme == "int4":
+            out[f"{name}.nibbles"], out[f"{name}.scale_zero"] = quantize_int4(weight)
+        else:
+            raise ValueError(f"unknown weight scheme {scheme!r}; choose one of {', '.join(SCHEMES[1:])}")
+    return out
+
+
+def apply_tensors(model: nn.Module, scheme: str, tensors: dict[str, torch.Tensor]) -> int:
+    """Replace each linear layer of `model` by its quantized module built from `tensors`
+    (`quantize_tensors`' output); the float weights are freed. Returns the number replaced.
+
+    Raises:
+        KeyError: a linear layer has no tensors in `tensors`.
+    """
+    names = quantizable(model, scheme)
+    for name in names:
+        linear = model.get_submodule(name)
+        dtype, bias = linear.weight.dtype, linear.bias
+        if scheme == "int8":
+            module = Int8Linear(tensors[f"{name}.qweight"], tensors[f"{name}.scales"], bias, dtype)
+        else:
+            module = Int4Linear(tensors[f"{name}.nibbles"], tensors[f"{name}.scale_zero"], bias, dtype)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, module)
+    return len(names)
+
+
+def quantize_model(model: nn.Module, scheme: str) -> int:
+    """Quantize `model`'s linear layers in place (no cache); returns how many. See `quantize_tensors`."""
+    if scheme == "bf16":
+        return 0
+    return apply_tensors(model, scheme, quantize_tensors(model, scheme))

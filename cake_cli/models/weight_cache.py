@@ -1,0 +1,90 @@
+"""Quantized weights cached on disk (safetensors, never pickle), keyed by content and scheme.
+
+A model's linear layers are quantized once (`models.quantize.quantize_tensors`) and saved as
+``<checkpoint>/cake-weights/<scheme>-g<group>-<fingerprint>.safetensors`` when the checkpoint is one
+of cake-cli's own (a converted GGUF under ``models_dir()``), else under
+``models_dir()/weights/``. The fingerprint (`models.fingerprint`, sampled weights + tokenizer +
+loaded dtype) names the content, so a changed checkpoint or dtype never reuses a stale file; the
+file's metadata repeats scheme, group, fingerprint and format version, and a file whose metadata
+or tensors disagree is quantized again (and replaced atomically, `files.write_atomic`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save
+
+from cake_cli.errors import CakeError, first_line
+from cake_cli.files import write_atomic
+from cake_cli.models.fingerprint import fingerprint
+from cake_cli.models.quantize import GROUP, apply_tensors, quantizable, quantize_tensors
+from cake_cli.paths import models_dir
+
+FORMAT = "1"  # bump when the saved layout changes
+
+
+def cache_file(checkpoint: Path | None, scheme: str, key: str) -> Path:
+    """Where the `scheme` weights of the model with fingerprint `key` are cached (see module doc)."""
+    home = models_dir().resolve()
+    inside = checkpoint is not None and checkpoint.resolve().is_relative_to(home)
+    folder = checkpoint / "cake-weights" if inside else home / "weights"
+    return folder / f"{scheme}-g{GROUP}-{key}.safetensors"
+
+
+def _metadata(scheme: str, key: str) -> dict[str, str]:
+    return {"scheme": scheme, "group": str(GROUP), "fingerprint": key, "format": FORMAT}
+
+
+def _read(path: Path, scheme: str, key: str, names: list[str]) -> dict | None:
+    """The cached tensors, or None when missing, unreadable or not this model's."""
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), "pt") as f:
+            if f.metadata() != _metadata(scheme, key):
+                return None
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError):
+        return None
+    suffix = (".qweight", ".scales") if scheme == "int8" else (".nibbles", ".scale_zero")
+    expected = {n + s for n in names for s in suffix}
+    return tensors if set(tensors) == expected else None
+
+
+def quantize_cached(model, tokenizer, checkpoint: Path | None, scheme: str, progress=None) -> tuple[Path, bool, float]:
+    """Replace `model`'s linear layers by their `scheme` (int8 | int4) versions, from the cache when it
+    holds them, else quantized now and saved.
+
+    Args:
+        model, tokenizer: the loaded model (its float weights are what is quantized).
+        checkpoint: the folder the weights were read from (decides where the cache lives), or None.
+        progress: called with one-line status messages.
+
+    Returns:
+        (cache file, read from the cache?, seconds spent).
+
+    Raises:
+        CakeError: the cache file cannot be written (disk full, permissions), naming the fix.
+    """
+    start = time.perf_counter()
+    key = fingerprint(model, tokenizer)
+    path = cache_file(checkpoint, scheme, key)
+    tensors = _read(path, scheme, key, quantizable(model, scheme))
+    hit = tensors is not None
+    if tensors is None:
+        if progress:
+            progress(f"quantizing the linear layers to {scheme} once, cached in {path.parent}")
+        tensors = quantize_tensors(model, scheme)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, save(tensors, metadata=_metadata(scheme, key)), "quantized weights")
+        except (OSError, SafetensorError) as e:
+            raise CakeError(
+                f"cannot write the quantized weights to {path.parent}: {first_line(e)}",
+                hint="free space there or point CAKE_HOME elsewhere, or run with --weights bf16",
+            ) from None
+    apply_tensors(model, scheme, tensors)
+    return path, hit, time.perf_counter() - start

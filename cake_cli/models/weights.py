@@ -1,0 +1,47 @@
+"""Which weight format a run decodes with (`--weights auto|bf16|int8|int4`), and why.
+
+`bf16` keeps the model's own dtype (``--dtype``); `int8` / `int4` quantize the linear layers
+(`models.quantize`). `auto` picks, per device:
+- CUDA: the model's dtype (the fused kernels used here are CPU kernels);
+- CPU, a model whose linear weights exceed `AUTO_MIN_BYTES`: int8, where the default model's decode step measured 2.3-3.5x faster in its linear layers
+  than bf16 (1 thread, benchmarks/runs/decode-profile-2026-12-02.md) and its perplexity on a real
+  text stayed within 1% of bf16; int4 is faster still but is asked for, not chosen (it re-rounds
+  weights a 4-bit GGUF already rounded once);
+- CPU, a smaller model (e.g. the tests' tiny ones): bf16, its weights stay in the CPU caches and
+  decoding is not bound by reading them.
+
+Light module (no torch).
+"""
+
+from __future__ import annotations
+
+from cake_cli.errors import UsageError
+
+WEIGHTS = ("auto", "bf16", "int8", "int4")
+AUTO_MIN_BYTES = 64 * 2**20  # linear weights below this (bytes, in the model's dtype) stay bf16 under auto
+
+
+def check_weights(weights: str) -> str:
+    """The canonical scheme name (``auto``, ``bf16``, ``int8`` or ``int4``).
+
+    Raises:
+        UsageError: an unknown name.
+    """
+    key = str(weights).strip().lower()
+    if key not in WEIGHTS:
+        raise UsageError(f"unknown weight format '{weights}'", "use --weights auto, bf16, int8 or int4")
+    return key
+
+
+def auto_weights(on_cuda: bool, linear_bytes: int) -> tuple[str, str]:
+    """(scheme, why) for ``--weights auto`` (see the module docstring).
+
+    Args:
+        on_cuda: the model runs on CUDA (or is spread by a device map).
+        linear_bytes: bytes of the model's linear-layer weights in its dtype.
+    """
+    if on_cuda:
+        return "bf16", "auto: the model's dtype on CUDA (the int8/int4 kernels used are CPU kernels)"
+    if linear_bytes < AUTO_MIN_BYTES:
+        return "bf16", f"auto: {linear_bytes / 2**20:.0f} MiB of linear weights fit the CPU caches"
+    return "int8", "auto: int8 decodes 2.3-3.5x faster than bf16 on CPU (memory-bound), perplexity within 1%"

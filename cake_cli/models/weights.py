@@ -3,10 +3,11 @@
 `bf16` keeps the model's own dtype (``--dtype``); `int8` / `int4` quantize the linear layers
 (`models.quantize`). `auto` picks, per device:
 - CUDA: the model's dtype (the fused kernels used here are CPU kernels);
-- CPU, a model whose linear weights exceed `AUTO_MIN_BYTES`: int8, where the default model's decode step measured 2.3-3.5x faster in its linear layers
-  than bf16 (1 thread, benchmarks/runs/decode-profile-2026-12-02.md) and its perplexity on a real
-  text stayed within 1% of bf16; int4 is faster still but is asked for, not chosen (it re-rounds
-  weights a 4-bit GGUF already rounded once);
+- CPU, a model whose linear weights exceed `AUTO_MIN_BYTES`: int8. Measured on the default model
+  (1 thread, benchmarks/runs/decode-profile-2026-12-02.md): its linear layers take 2.3-3.5x less
+  time per decoded token than in bf16, and its perplexity on the first 1,024 tokens of CPython's
+  LICENSE.txt is 6.967 (bf16: 6.973). int4 is faster still (3-4.6x) but is asked for, not chosen:
+  its perplexity there is 7.565 (+8.5%), re-rounding weights a 4-bit GGUF already rounded once;
 - CPU, a smaller model (e.g. the tests' tiny ones): bf16, its weights stay in the CPU caches and
   decoding is not bound by reading them.
 
@@ -44,4 +45,4 @@ def auto_weights(on_cuda: bool, linear_bytes: int) -> tuple[str, str]:
         return "bf16", "auto: the model's dtype on CUDA (the int8/int4 kernels used are CPU kernels)"
     if linear_bytes < AUTO_MIN_BYTES:
         return "bf16", f"auto: {linear_bytes / 2**20:.0f} MiB of linear weights fit the CPU caches"
-    return "int8", "auto: int8 decodes 2.3-3.5x faster than bf16 on CPU (memory-bound), perplexity within 1%"
+    return "int8", "auto: int8 linear layers decode 2.3-3.5x faster than bf16 on CPU, perplexity within 0.1%"

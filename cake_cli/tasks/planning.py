@@ -13,8 +13,8 @@ from cake_cli.engine.config import CakeConfig, ConfigError
 from cake_cli.engine.methods import FULL, label, resolve
 from cake_cli.errors import UsageError
 from cake_cli.models.dtypes import check_dtype
-from cake_cli.models.weights import check_weights
 from cake_cli.models.profiles import Profile, check_model_spec
+from cake_cli.models.weights import check_weights
 from cake_cli.tasks.answers.completion import (
     DEFAULT_LINES,
     check_at_line,

@@ -122,6 +122,15 @@ def _backend_call(backend: str, module, query, key, value, scaling, dropout, win
     )
 
 
+def fast_decode(backend: str, device: torch.device, k_len: int, window: int | None) -> bool:
+    """Whether one decode query runs `window_attention` + `attend` instead of the backend: on CPU
+    (eager and SDPA) whenever every key is visible (no sliding-window mask). There torch's SDPA
+    kernel for a single query took 30 ms per layer at 8,192 keys (14 query, 2 KV heads, bf16; with
+    transformers' repeat_kv 66 ms), the two products 1.5 ms, and 107 vs 17 ms at 32,768 keys
+    (benchmarks/runs/decode-profile-2026-12-02.md); the scores are float32 as in SDPA's kernel."""
+    return device.type == "cpu" and backend != "flash_attention_2" and (window is None or k_len <= window)
+
+
 def attend(probs: torch.Tensor, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Attention output from probabilities: probs [H, 1, k] float32, value [1, H_kv, k, d] ->
     [1, 1, H, d] in `dtype` (transformers' layout); query head h reads KV head h // g."""
@@ -145,11 +154,15 @@ def _make(backend: str):
         window = layer_window(layer_idx, cake, kwargs.pop("sliding_window", None))
         softcap = kwargs.pop("softcap", None)
         scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-        if cake is not None and query.shape[2] == 1 and cake.needs_probs(layer_idx, key.shape[2]):
-            # one decode query on a layer about to evict: compute the probabilities once, use them for
-            # the output and for the eviction score (saves the backend's second pass over the keys)
+        if query.shape[2] == 1 and (
+            fast_decode(backend, query.device, key.shape[2], window)
+            or (cake is not None and cake.needs_probs(layer_idx, key.shape[2]))
+        ):
+            # one decode query: two batched products per KV head, float32 scores (`fast_decode`); on a
+            # layer about to evict, the same probabilities are the eviction score (no second pass)
             probs = window_attention(query[0], key[0], scaling, softcap)  # [H, 1, k] float32
-            cake.after_attention(layer_idx, query, key, scaling, probs=probs, softcap=softcap)
+            if cake is not None:
+                cake.after_attention(layer_idx, query, key, scaling, probs=probs, softcap=softcap)
             return attend(probs, value, query.dtype), None
         out, _ = _backend_call(backend, module, query, key, value, scaling, dropout, window, softcap, kwargs)
         if cake is not None:

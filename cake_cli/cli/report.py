@@ -60,7 +60,7 @@ def _settings_rows(t: Table, r: PrefillSummary, method: str | None) -> None:
     """The model, prompt, budget and taus rows (fields both result types have)."""
     _row(t, "model", f"{r.model} · {r.device} · {r.dtype} ({r.dtype_reason}) · attention {r.attention}")
     if r.weights != "bf16" or r.weights_reason.startswith("auto"):
-        _row(t, "weights", f"{r.weights} linear layers ({r.weights_reason})")
+        _row(t, "weights", f"{r.weights} linear layers · {r.weights_reason}")
     prompt = f"{r.prompt_tokens} tokens · {r.document_tokens} of them the document"
     if r.document_tokens < r.original_document_tokens:
         prompt += f", middle-truncated from {r.original_document_tokens}"

@@ -24,6 +24,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 from cake_cli.engine.policy import EvictionPolicy
 from cake_cli.engine.window import accumulated_attention
 
+GROW = 256  # tokens of spare capacity added at least when a decode append finds the buffer full
+
 
 class NonFiniteError(ValueError):
     """The model produced inf/NaN keys or values; they are never written into the cache."""
@@ -43,6 +45,7 @@ class CakeLayer(DynamicLayer):
         self.free: torch.Tensor | None = None  # [H_kv] a released slot per head, reused by the next token
         self.accumulates = False  # keep `scores` (H2O); set by CakeCache.accumulate
         self.scores: torch.Tensor | None = None  # [H_kv, len] float32 accumulated attention, or None
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # decode growth room (`_append_one`)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Add q new tokens at their true positions seen..seen+q-1; return the whole layer.
@@ -69,8 +72,10 @@ class CakeLayer(DynamicLayer):
                 self.seen += 1
                 return self.keys, self.values
             self.compact()
-        keys, values = super().update(key_states, value_states)
-        q = key_states.shape[-2]
+        if q == 1 and self.window is None and self.is_initialized and self.keys is not None and self.keys.shape[-2]:
+            keys, values = self._append_one(key_states, value_states)
+        else:
+            keys, values = super().update(key_states, value_states)
         new = torch.arange(self.seen, self.seen + q, device=key_states.device)
         new = new.unsqueeze(0).expand(key_states.shape[1], q)  # [H_kv, q]
         self.positions = new if self.positions is None else torch.cat([self.positions, new], dim=-1)
@@ -79,6 +84,27 @@ class CakeLayer(DynamicLayer):
             self.scores = zeros if self.scores is None else torch.cat([self.scores, zeros], dim=-1)
         self.seen += q
         return keys, values
+
+    def _append_one(self, key_states: torch.Tensor, value_states: torch.Tensor):
+        """Append one decoded token into spare capacity instead of concatenating: a concatenation
+        copies the whole layer every step (at 8,192 tokens 12-23% of a full-cache decode step on the
+        project's CPU, benchmarks/runs/decode-profile-2026-12-02.md). The buffers grow by
+        max(len / 8, `GROW`) tokens when full (one copy then); keys/values stay views of their first
+        len + 1 slots, so everything else sees [1, H_kv, len + 1, d] as before. `nbytes` counts the
+        live slots (the spare capacity is at most len / 8 + `GROW` tokens)."""
+        n = self.keys.shape[-2]
+        buf = self._buffers
+        if buf is None or buf[0].shape[-2] <= n or buf[0].data_ptr() != self.keys.data_ptr():
+            cap = n + max(n // 8, GROW)
+            shape = (*self.keys.shape[:2], cap, self.keys.shape[-1])  # [1, H_kv, cap, d]
+            buf = (self.keys.new_empty(shape), self.values.new_empty(shape))
+            buf[0][:, :, :n].copy_(self.keys)
+            buf[1][:, :, :n].copy_(self.values)
+            self._buffers = buf
+        buf[0][:, :, n : n + 1].copy_(key_states)
+        buf[1][:, :, n : n + 1].copy_(value_states)
+        self.keys, self.values = buf[0][:, :, : n + 1], buf[1][:, :, : n + 1]  # views [1, H_kv, n + 1, d]
+        return self.keys, self.values
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only the entries `index` of each KV head (physical eviction).

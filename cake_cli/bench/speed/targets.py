@@ -186,6 +186,40 @@ def kvpress_lines(rows: list[dict]) -> list[str]:
     return out
 
 
+LONGEST = 30000  # "32K" llama.cpp targets apply to rows at least this long
+
+
+def llama_lines(rows: list[dict]) -> list[str]:
+    """Ours vs llama.cpp's full cache on the same GGUF, document, threads and length (issue 26's
+    targets): CAKE decode >= 1.0x its at 8K and >= 1.5x at 32K; CAKE prefill <= 0.8x its; our
+    full-cache decode >= 0.8x its."""
+    out = []
+    for k in (r for r in rows if r["method"] == "llama.cpp"):
+        model, dtype, _ = _split(k["group"])
+        engine = [r for r in rows if r["group"] == f"{model} · {dtype} · engine"]
+        for method in ("cake", "full"):
+            mine = comparable([r for r in engine if r["method"] == method], k["length"])
+            if mine is None:
+                continue
+            where = f"{model} {dtype} {method} at {mine['length']} tokens vs llama.cpp (full cache)"
+            decode = cross_ratio(mine, k, "decode_tokens_per_second")
+            if method == "cake":
+                goal = 1.5 if k["length"] >= LONGEST else 1.0
+                out.append(timed_line(f"{where}, B={mine['budget']}: decode", decode, goal, at_least=True))
+                prefill = cross_ratio(mine, k, "prefill_seconds")
+                out.append(timed_line(f"{where}: prefill time", prefill, 0.8, at_least=False))
+            elif k["length"] < LONGEST:
+                out.append(timed_line(f"{where}: decode", decode, 0.8, at_least=True))
+    return out
+
+
 def target_lines(rows: list[dict]) -> list[str]:
     """Every target line the rows allow."""
-    return bf16_lines(rows) + engine_lines(rows) + cli_lines(rows) + busy_lines(rows) + kvpress_lines(rows)
+    return (
+        bf16_lines(rows)
+        + engine_lines(rows)
+        + cli_lines(rows)
+        + busy_lines(rows)
+        + kvpress_lines(rows)
+        + llama_lines(rows)
+    )

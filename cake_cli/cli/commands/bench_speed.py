@@ -13,6 +13,7 @@ from cake_cli.cli.bench_options import configs_for, int_list
 from cake_cli.cli.commands.bench import bench_app
 from cake_cli.errors import UsageError
 from cake_cli.models.dtypes import check_dtype
+from cake_cli.models.weights import check_weights
 
 
 @bench_app.command("speed")
@@ -65,6 +66,15 @@ def speed(
             "median is reported with its spread. A timing target decides only on >= 3.",
         ),
     ] = 3,
+    llama: Annotated[
+        bool,
+        o._flag(
+            "--llama",
+            help="Also run llama.cpp on the model's GGUF, same document, threads and tokens (needs the "
+            "bench extra's llama-cpp-python).",
+        ),
+    ] = False,
+    weights: o.Weights = "bf16",
     attention: o.Attention = "auto",
     json_out: o.Json = False,
 ) -> None:
@@ -105,5 +115,7 @@ def speed(
                 busy,
                 attention,
                 json_out,
+                llama,
+                check_weights(weights),
             )
         )

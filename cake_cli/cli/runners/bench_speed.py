@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from cake_cli.bench.corpus import python_docs_text
+from cake_cli.bench.speed.llama import llama_row, model_gguf
 from cake_cli.bench.speed.paths import QUESTION, busy_core, cli_row, document_file, kvpress_row, safe
 from cake_cli.bench.speed.report import ratios, speed_tables
 from cake_cli.bench.speed.rows import WARMUP_TOKENS, run_speed
@@ -43,15 +44,20 @@ class SpeedSetup:
     busy: bool
     attention: str
     json_out: bool
+    llama: bool = False  # llama.cpp rows beside the engine's (`speed.llama`)
+    weights: str = "bf16"  # --weights of every row (`models.weights`)
 
 
 def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, on_case, warn) -> list:
     """Every row of one model in one dtype (the CLI, busy and kvpress rows for the first dtype only)."""
-    request = TaskRequest(task="qa", document="-", model=model, dtype=dtype, attention=setup.attention)
+    request = TaskRequest(
+        task="qa", document="-", model=model, dtype=dtype, attention=setup.attention, weights=setup.weights
+    )
     ready = ready_model(request)
     loaded, base = ready.loaded, setup.configs[model]
     name = loaded.profile.name if loaded.profile else loaded.name
-    group = f"{name} · {str(loaded.dtype).replace('torch.', '')}"
+    label = str(loaded.dtype).replace("torch.", "") + ("" if loaded.weights == "bf16" else f"+{loaded.weights}")
+    group = f"{name} · {label}"
     ids = loaded.tokenizer(python_docs_text(), add_special_tokens=False)["input_ids"]
     limit = min(prompt_limit(loaded, setup.new_tokens + 256), len(ids))
     lengths = [n for n in setup.lengths if n <= limit]
@@ -75,7 +81,36 @@ def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, o
     )
     if not first:
         return rows
+    if setup.llama:
+        rows += _llama_rows(model, loaded, ids, lengths, group, threads, setup, on_case, warn)
     rows += _path_rows(setup, ready, request, ids[:n], group, base, on_case, warn)
+    return rows
+
+
+def _llama_rows(model, loaded, ids, lengths, group, threads, setup, on_case, warn) -> list:
+    """llama.cpp's row at every length, on the model's GGUF (`speed.llama`); one warning line where it
+    cannot run."""
+    rows: list = []
+    with tempfile.TemporaryDirectory() as tmp:
+        embedded = loaded.profile.embedded if loaded.profile else None
+        for n in lengths:
+
+            def make(n=n):
+                gguf = model_gguf(model, embedded, Path(tmp))
+                on_case(f"{group}: llama.cpp @ {n} tokens")
+                return llama_row(
+                    gguf,
+                    list(ids[:n]),
+                    f"{group} · llama.cpp",
+                    new_tokens=setup.new_tokens,
+                    threads=(threads.prefill, threads.decode),
+                    repeats=setup.repeats,
+                )
+
+            made = safe("llama.cpp", make, warn)
+            rows += made
+            if not made:
+                break  # one line says why; the other lengths would say the same
     return rows
 
 

@@ -1,0 +1,110 @@
+"""`cake bench speed --llama`: llama.cpp's decode and prefill on the same GGUF, document, threads and
+token count, through llama-cpp-python (the `bench` extra), as a SpeedRow beside ours.
+
+What a CPU user would run instead of cake-cli is llama.cpp on the model's own GGUF file, with its
+full cache (it has no eviction). The row runs it like our engine rows (`rows.run_speed`): one
+unmeasured warm-up on WARMUP_TOKENS tokens generating WARMUP_NEW_TOKENS, then `repeats` timed runs
+of prefill (``Llama.eval`` over the prompt) and greedy decoding (one ``eval`` per token, argmax of
+the last logits), each under `memory.PeakRss`. Where llama-cpp-python is not installed, or the
+model has no GGUF, the row is absent and the benchmark says why in one line (`paths.safe`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+from cake_cli.bench.memory import PeakRss
+from cake_cli.bench.speed.rows import WARMUP_NEW_TOKENS, WARMUP_TOKENS, median_row
+from cake_cli.errors import CakeError
+from cake_cli.models.embedded import EMBEDDED_MODELS, assemble, locate
+
+METHOD = "llama.cpp"  # the rows' method name (full cache, its own KV layout)
+INSTALL = "pip install 'cake-cli[bench]' (builds llama-cpp-python from source, ~15 min on one core)"
+
+
+def missing() -> str | None:
+    """Why the llama.cpp row cannot run here (one line), or None when llama-cpp-python imports."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed"
+    return None
+
+
+def model_gguf(spec: str | None, embedded: str | None, folder: Path) -> Path:
+    """The GGUF llama.cpp runs for a model: `spec` itself when it is a .gguf file, else the embedded
+    model's GGUF (`embedded`: its source name), verified and, when in parts, joined into `folder`.
+
+    Raises:
+        CakeError: the model has no GGUF (a plain checkpoint), or the embedded parts are damaged.
+    """
+    if spec and spec.lower().endswith(".gguf") and Path(spec).expanduser().is_file():
+        return Path(spec).expanduser()
+    if embedded is None:
+        raise CakeError("the llama.cpp row needs a GGUF model", "use an embedded model or --models FILE.gguf")
+    em = EMBEDDED_MODELS[embedded]
+    return assemble(em, locate(em), folder / em.gguf_file)
+
+
+def _greedy(llm, token_ids: list[int], new_tokens: int) -> dict:
+    """One run: prefill `token_ids`, then `new_tokens` greedy tokens (new_tokens - 1 decode steps)."""
+    import numpy as np  # noqa: PLC0415 - only with llama-cpp-python (it depends on numpy)
+
+    llm.reset()
+    with PeakRss() as rss:
+        start = time.perf_counter()
+        llm.eval(token_ids)
+        prefill = time.perf_counter() - start
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        ttft = time.perf_counter() - start
+        begin = time.perf_counter()
+        for _ in range(new_tokens - 1):
+            llm.eval([token])
+            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        decode = time.perf_counter() - begin
+    steps = new_tokens - 1
+    return {
+        "prefill_seconds": prefill,
+        "ttft_seconds": ttft,
+        "decode_tokens_per_second": steps / decode if decode > 0 else 0.0,
+        "decode_steps": steps,
+        "kv_bytes_kept": 0,  # llama.cpp's cache is not measured from tensors here
+        "kv_peak_prefill": 0,
+        "kv_bytes_full": 0,
+        "rss_peak_delta": max(rss.peak - rss.start, 0),
+        "eviction_seconds": 0.0,
+        "sampling_seconds": 0.0,
+        "decode_seconds": decode,
+    }
+
+
+def llama_row(gguf: Path, token_ids: list[int], group: str, *, new_tokens: int, threads: tuple, repeats: int = 3):
+    """The llama.cpp SpeedRow of `token_ids` (our tokenizer's ids: the same GGUF's vocabulary).
+
+    Args:
+        gguf: the model's GGUF file (the embedded one, assembled, or the --model file).
+        group: the row's group, "<model> · <dtype> · llama.cpp".
+        threads: (prefill, decode) CPU threads, as our rows use.
+
+    Raises:
+        CakeError: llama-cpp-python missing (with the install command) or the GGUF cannot be loaded.
+    """
+    reason = missing()
+    if reason:
+        raise CakeError(reason, INSTALL)
+    from llama_cpp import Llama  # noqa: PLC0415 - optional dependency
+
+    try:
+        llm = Llama(
+            model_path=str(gguf),
+            n_ctx=len(token_ids) + new_tokens + 8,
+            n_batch=512,
+            n_threads=threads[1],
+            n_threads_batch=threads[0],
+            verbose=False,
+        )
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise CakeError(f"llama.cpp cannot load {gguf.name}: {exc}") from None
+    _greedy(llm, token_ids[:WARMUP_TOKENS], WARMUP_NEW_TOKENS)  # warm-up, not measured
+    runs = [_greedy(llm, token_ids, new_tokens) for _ in range(repeats)]
+    return median_row(group, len(token_ids), METHOD, None, runs, f"{threads[0]}/{threads[1]}")

@@ -6,7 +6,10 @@ hashes what differs between checkpoints at almost no cost (milliseconds):
 
 - the architecture numbers of the config (layers, heads, KV heads, head dim, vocabulary, RoPE);
 - every parameter's name and shape, and its first and last `SAMPLES` values as float32;
-- the tokenizer: its size, special-token ids, chat template, and the ids of a probe text.
+- the tokenizer: its size, special-token ids, chat template, and the ids of a probe text;
+- quantized linear layers (`models.quantize`, `--weights int8|int4`): their weight buffers, sampled
+  the same way, so a cache made with one weight format is never taken for another's (a model
+  without them hashes exactly as before).
 
 Two fine-tunes of one base model differ in those sampled values with near certainty; the dtype the
 model was loaded in is part of the values (a cache is only valid in the dtype it was made in).
@@ -33,6 +36,7 @@ CONFIG_KEYS = (
     "rope_parameters",
     "rms_norm_eps",
 )
+QUANTIZED = (".qweight", ".scales", ".nibbles", ".scale_zero")  # `models.quantize` buffers
 PROBE = "Fingerprint probe: The quick brown fox, 1234.5 — naïve café, 日本語\n\n<document>\n</document>"
 
 
@@ -52,6 +56,11 @@ def fingerprint(model, tokenizer) -> str:
                 flat = param.detach().reshape(-1)
                 sample = torch.cat([flat[:SAMPLES], flat[-SAMPLES:]]).float().cpu()  # [2 · SAMPLES]
                 digest.update(sample.numpy().tobytes())
+        for name, buf in sorted(model.named_buffers(), key=lambda item: item[0]):
+            if name.endswith(QUANTIZED) and buf.numel():
+                flat = buf.detach().reshape(-1)
+                sample = torch.cat([flat[:SAMPLES], flat[-SAMPLES:]]).float().cpu()  # [2 · SAMPLES]
+                digest.update(f"{name}:{tuple(buf.shape)};".encode() + sample.numpy().tobytes())
     special = sorted((str(k), str(v)) for k, v in (getattr(tokenizer, "special_tokens_map", None) or {}).items())
     digest.update(f"tokens={len(tokenizer)};special={special};".encode())
     digest.update(str(getattr(tokenizer, "chat_template", None)).encode())

@@ -115,6 +115,20 @@ def test_cache_is_written_once_and_reused(tmp_path, monkeypatch):
     assert not hit and isinstance(model.lm_head, Int8Linear)
 
 
+def test_fingerprint_tells_the_weight_formats_apart():
+    """A .cake made with int8 weights is never taken for int4's or bf16's (`models.fingerprint`)."""
+    from cake_cli.models.fingerprint import fingerprint
+
+    tokenizer = build_tiny_tokenizer()
+    prints = set()
+    for scheme in ("bf16", "int8", "int4"):
+        model = tiny_llama()
+        quantize_model(model, scheme)
+        prints.add(fingerprint(model, tokenizer))
+    assert len(prints) == 3
+    assert fingerprint(tiny_llama(), tokenizer) in prints  # bf16: the fingerprint as before
+
+
 def test_weights_names_and_auto_rule():
     assert check_weights(" INT8 ") == "int8"
     with pytest.raises(UsageError, match="unknown weight format 'int3'"):

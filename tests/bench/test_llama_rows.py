@@ -58,3 +58,13 @@ def test_a_model_without_gguf_is_refused_in_one_line(tmp_path):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     assert llama.model_gguf(str(gguf), None, tmp_path) == gguf
+
+
+def test_a_llama_cpp_that_does_not_import_says_why(monkeypatch):
+    monkeypatch.setattr(llama.importlib.util, "find_spec", lambda name: object())
+
+    def broken(name):
+        raise ImportError("No module named 'diskcache'")
+
+    monkeypatch.setattr(llama.importlib, "import_module", broken)
+    assert llama.missing() == "llama-cpp-python does not import (No module named 'diskcache')"

@@ -28,6 +28,10 @@ def missing() -> str | None:
     """Why the llama.cpp row cannot run here (one line), or None when llama-cpp-python imports."""
     if importlib.util.find_spec("llama_cpp") is None:
         return "llama-cpp-python is not installed"
+    try:
+        importlib.import_module("llama_cpp")
+    except ImportError as exc:  # e.g. a dependency missing after a --no-deps install
+        return f"llama-cpp-python does not import ({exc})"
     return None
 
 

@@ -50,21 +50,29 @@ def model_gguf(spec: str | None, embedded: str | None, folder: Path) -> Path:
     return assemble(em, locate(em), folder / em.gguf_file)
 
 
-def _greedy(llm, token_ids: list[int], new_tokens: int) -> dict:
-    """One run: prefill `token_ids`, then `new_tokens` greedy tokens (new_tokens - 1 decode steps)."""
+def _argmax(llm) -> int:
+    """The greedy next token: argmax of the last evaluated token's logits, read from the context
+    (``Llama.eval`` keeps no logits unless every token's are asked for)."""
+    import llama_cpp  # noqa: PLC0415 - optional dependency
     import numpy as np  # noqa: PLC0415 - only with llama-cpp-python (it depends on numpy)
 
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
+    return int(logits.argmax())
+
+
+def _greedy(llm, token_ids: list[int], new_tokens: int) -> dict:
+    """One run: prefill `token_ids`, then `new_tokens` greedy tokens (new_tokens - 1 decode steps)."""
     llm.reset()
     with PeakRss() as rss:
         start = time.perf_counter()
         llm.eval(token_ids)
         prefill = time.perf_counter() - start
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = _argmax(llm)
         ttft = time.perf_counter() - start
         begin = time.perf_counter()
         for _ in range(new_tokens - 1):
             llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = _argmax(llm)
         decode = time.perf_counter() - begin
     steps = new_tokens - 1
     return {

@@ -289,18 +289,21 @@ def test_common_prefix_leaves_every_prompt_a_token_of_its_own():
     assert common_prefix([(7, 8), (6, 8)]) == 0
 
 
-def test_questions_sharing_their_document_prefill_answer_as_alone(cli_env):
-    """Sharing the document block's prefill changes nothing in the rows (predictions, scores)."""
+@pytest.mark.parametrize("long", ["middle", "sections"])
+def test_questions_sharing_their_document_prefill_answer_as_alone(cli_env, long):
+    """Sharing the document block's prefill (each section's, with sections) changes nothing in the
+    rows (predictions, scores)."""
     base = [*TINY_REAL, "--documents", "python-textwrap", "--quick", "--lengths", "600", "--budgets", "32"]
-    base += ["--methods", "full,cake,snapkv"]
+    base += ["--methods", "full,cake,snapkv", "--long", long]
     shared, alone = cli_env / "shared.json", cli_env / "alone.json"
     made = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(real, "prefix_cache", lambda model, ids: made.append(ids.shape[1]) or prefix_cache(model, ids))
         assert runner.invoke(app, [*base, "--output", str(shared)]).exit_code == 0
-    assert len(made) == 1 and made[0] > 64  # one prefill of the document block for both questions
+    # one prefill of the document block (of each section) for both questions
+    assert (len(made) == 1 if long == "middle" else len(made) > 1) and min(made) > 64
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("cake_cli.bench.quality.real.can_share", lambda *a: False)
+        mp.setattr(real, "can_share", lambda *a: False)
         assert runner.invoke(app, [*base, "--output", str(alone)]).exit_code == 0
     key = lambda r: (r["case_id"], r["method"], r["budget"])  # noqa: E731
     a = sorted(json.loads(shared.read_text())["rows"], key=key)

@@ -163,10 +163,10 @@ def run_real(
         documents, suite, variants, budgets, done)]  # fmt: skip
     order = {doc.spec.id: i for i, doc in enumerate(documents)}
     todo.sort(key=lambda item: (order[item[0].document.spec.id], item[0].length))  # a document's questions together
-    shared = SharedPrefixes(model, todo, window) if can_share(model, accumulate, suite.long) else None
+    shared = SharedPrefixes(model, todo, window) if can_share(model, accumulate) else None
     for case, cells in todo:
         question, length = case.question, case.length
-        prompts = case.section_ids if case.sections else (case.input_ids,)
+        prompts = _prompts(case)
         replies: dict = {}  # (variant name, budget) -> [reply of each section]
         seconds: dict = {}
         recorded = 0.0
@@ -175,7 +175,7 @@ def run_real(
             label = f"{question.id} @ {length}" + (f" section {part}/{len(prompts)}" if case.sections else "")
             if on_step:
                 on_step(f"{label}: prefill {ids.shape[1]} tokens")
-            prefix = shared.prefix(case) if shared is not None else None
+            prefix = shared.prefix(case, part - 1) if shared is not None else None
             rec = record(model.model, ids, window, accumulate=accumulate, prefix=prefix)
             recorded += rec.seconds
             for variant, budget, _, text, spent in replay_cells(
@@ -195,43 +195,49 @@ def run_real(
     return rows
 
 
-def can_share(model: Model, accumulate: bool, long: str) -> bool:
+def can_share(model: Model, accumulate: bool) -> bool:
     """Whether the questions of one document can share the prefill of its document block
-    (`engine.replay.record(prefix=...)`): not for H2O (it scores every prompt query), not with
-    sections, not on models with local (sliding-window) layers."""
+    (`engine.replay.record(prefix=...)`): not for H2O (it scores every prompt query), not on models
+    with local (sliding-window) layers."""
     windows = attention_layout(model.model.config).windows
-    return not accumulate and long != SECTIONS and all(w is None for w in windows)
+    return not accumulate and all(w is None for w in windows)
 
 
 class SharedPrefixes:
     """The full cache of each document's shared prompt prefix (the document block every question's
-    prompt starts with, up to where the prompts first differ), prefilled once and kept while that
-    document's questions run. A middle cut that depends on the question's length ends the shared
-    part early; a document asked once shares nothing."""
+    prompt starts with, up to where the prompts first differ; with sections, one per section),
+    prefilled once and kept while that document's questions run. A middle cut that depends on the
+    question's length ends the shared part early; a document asked once shares nothing."""
 
     def __init__(self, model: Model, todo: list[tuple[RealCase, list]], window: int):
-        self.model, self.window = model, window
-        self.shared: dict[tuple[str, int], int] = {}  # (document id, length) -> shared tokens
-        groups: dict[tuple[str, int], list[tuple[int, ...]]] = {}
+        self.model = model
+        self.shared: dict[tuple, int] = {}  # (document id, length, section) -> shared tokens
+        groups: dict[tuple, list[tuple[int, ...]]] = {}
         for case, _ in todo:
-            groups.setdefault((case.document.spec.id, case.length), []).append(case.input_ids)
+            for part, ids in enumerate(_prompts(case)):
+                groups.setdefault((case.document.spec.id, case.length, part), []).append(ids)
         for key, prompts in groups.items():
             n = common_prefix(prompts) if len(prompts) > 1 else 0
             if n > 2 * window:
                 self.shared[key] = n
-        self.key, self.cache = None, None
+        self.held: dict[tuple, object] = {}  # the current document's prefilled prefixes
 
-    def prefix(self, case: RealCase):
-        """The prefilled shared prefix of `case`'s prompt (a `CakeCache`), or None."""
-        key = (case.document.spec.id, case.length)
+    def prefix(self, case: RealCase, part: int = 0):
+        """The prefilled shared prefix of `case`'s prompt (section `part`), a `CakeCache`, or None."""
+        key = (case.document.spec.id, case.length, part)
         n = self.shared.get(key)
         if n is None:
             return None
-        if self.key != key:
-            self.key, self.cache = key, None  # the previous document's cache is freed first
+        if key not in self.held:
+            self.held = {k: v for k, v in self.held.items() if k[:2] == key[:2]}  # free the previous document's
             device = self.model.model.get_input_embeddings().weight.device
-            self.cache = prefix_cache(self.model.model, torch.tensor([list(case.input_ids[:n])], device=device))
-        return self.cache
+            ids = torch.tensor([list(_prompts(case)[part][:n])], device=device)
+            self.held[key] = prefix_cache(self.model.model, ids)
+        return self.held[key]
+
+
+def _prompts(case: RealCase) -> tuple[tuple[int, ...], ...]:
+    return case.section_ids if case.sections else (case.input_ids,)
 
 
 def common_prefix(prompts: list[tuple[int, ...]]) -> int:

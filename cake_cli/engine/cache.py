@@ -243,6 +243,8 @@ class CakeCache(Cache):
         """
         layer = self.layers[layer_idx]
         if layer.accumulates:
+            if layer.start is not None:  # its softmax would spread mass over the padding: refuse, never approximate
+                raise ValueError("H2O's accumulated attention is not kept for KV heads of different lengths")
             start = time.perf_counter()
             if probs is not None:  # [H, q, k] -> [H_kv, k]: summed over the queries, averaged per KV head
                 num_kv = key.shape[1]

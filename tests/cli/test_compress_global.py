@@ -67,6 +67,7 @@ def test_global_without_reconstruction_is_refused(doc, cli_env):
     assert "--scoring reconstruct" in line
     one_error_line(invoke("compress", doc, "-o", out, *TINY, "--allocation", "global"), 2, "--allocation global")
     one_error_line(invoke("qa", doc, "Who?", *TINY, "--allocation", "global"), 2, "--allocation global")
+    one_error_line(invoke("inspect-layers", doc, *TINY, "--allocation", "global"), 2, "--allocation global")
     assert not out.exists(), "nothing written"
 
 

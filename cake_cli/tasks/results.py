@@ -31,6 +31,7 @@ class LayerResult:
     budget: int | None  # B_l evictable tokens kept (None when nothing was evicted, or a local layer)
     kept: int  # tokens the layer holds after prefill (B_l + w, or all; a local layer: its window - 1 at most)
     window: int | None = None  # a local layer's native sliding window (tokens; no CAKE budget), None: global
+    heads: tuple[int, ...] | None = None  # tokens kept per KV head when they differ (--allocation global), else None
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,7 @@ def layer_results(rows) -> tuple[LayerResult, ...]:
             row.budget,
             row.kept,
             row.window,
+            getattr(row, "heads", None),
         )
         for row, share in zip(rows, shares)
     )

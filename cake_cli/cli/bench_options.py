@@ -185,6 +185,9 @@ class GridSetup:
     configs: dict[int, CakeConfig]  # budget -> settings
     output: Path | None
     json_out: bool
+    ratios: tuple[float, ...] = (0.5, 0.25, 0.1, 0.03)  # agnostic part: keep ratios (fractions of the prefix)
+    kv_bits: tuple[int, ...] = (16, 8, 4)  # agnostic part: KV bits of the files
+    plot: Path | None = None  # agnostic part: score vs file size
 
 
 def grid_setup(model, window, dtype, attention, threads, haystack, suite, budgets, variants, output, json_out):
@@ -221,3 +224,6 @@ class CacheBenchSetup:
     haystack: str
     output: Path | None
     json_out: bool
+    ratios: tuple[float, ...] = (0.5, 0.25, 0.1, 0.03)  # agnostic part: keep ratios (fractions of the prefix)
+    kv_bits: tuple[int, ...] = (16, 8, 4)  # agnostic part: KV bits of the files
+    plot: Path | None = None  # agnostic part: score vs file size

@@ -197,7 +197,8 @@ Allocation = Annotated[
         "--allocation",
         metavar="NAME",
         show_default=False,
-        help=f"Override the method's budget allocation across layers: {', '.join(ALLOCATIONS)}.",
+        help=f"Override the method's budget allocation across layers: {', '.join(ALLOCATIONS)}; or global "
+        "(with --scoring reconstruct: KVzip's one ranking over every layer and KV head, unequal shares).",
     ),
 ]
 Indicator = Annotated[

@@ -175,7 +175,12 @@ def layer_table(layers: tuple[LayerResult, ...], width: int, rows: str = "window
         title_justify="left",
         caption=f"H dispersion (nats, summed over heads and {rows}) · V shift · P preference share · "
         "B_l evictable budget · kept = B_l + w window tokens"
-        + (" · local: a sliding-window layer, no budget" if _local(layers) else ""),
+        + (" · local: a sliding-window layer, no budget" if _local(layers) else "")
+        + (
+            " · (a/b/…): tokens per KV head, unequal under --allocation global; B_l their mean minus w"
+            if any(layer.heads for layer in layers)
+            else ""
+        ),
         caption_justify="left",
         pad_edge=False,
     )
@@ -191,7 +196,7 @@ def layer_table(layers: tuple[LayerResult, ...], width: int, rows: str = "window
             "–" if layer.shift is None else f"{layer.shift:.1e}",
             "–" if layer.preference_share is None else f"{layer.preference_share:.1%}",
             f"local {layer.window}" if layer.window else "all" if layer.budget is None else str(layer.budget),
-            str(layer.kept),
+            str(layer.kept) if layer.heads is None else f"{layer.kept} ({'/'.join(map(str, layer.heads))})",
         ]
         if bar_width >= 4:
             cells.append(bar(layer.kept, top, bar_width))

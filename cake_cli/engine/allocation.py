@@ -8,6 +8,10 @@ total minus at most one token per layer.
 `ALLOCATIONS` maps each allocation's name to its stage function: CAKE's preference cascade, and
 the baselines' uniform and pyramid budgets (docs/method.md §Baselines), which ignore the layer statistics. Adding
 an allocation is one function and one row. Pure Python (no torch).
+
+`GLOBAL` (KVzip's single ranking) is not a split of budgets over layers: it ranks the scored pairs of
+every layer and KV head at once, so only reconstruction scoring (`engine.reconstruct`, which holds
+every layer's scores before evicting) runs it; the cascade refuses it.
 """
 
 from __future__ import annotations
@@ -158,6 +162,9 @@ class Allocation:
     split: Callable[..., list[int]]
 
 
+GLOBAL = "global"  # KVzip's one ranking over every layer and KV head (`engine.headlengths`), by reconstruction scores
+SCORE_ALLOCATIONS = (GLOBAL,)  # allocations that rank the pairs themselves: only with `--scoring reconstruct`
+
 ALLOCATIONS: dict[str, Allocation] = {
     "cake": Allocation(uses_stats=True, split=allocate),
     "uniform": Allocation(uses_stats=False, split=uniform),
@@ -191,6 +198,8 @@ def stage_budgets(
     Raises:
         ValueError: unknown allocation.
     """
+    if name == GLOBAL:
+        raise ValueError("allocation global ranks reconstruction scores: it needs --scoring reconstruct")
     if name not in ALLOCATIONS:
         raise ValueError(f"unknown allocation {name!r}; choose one of {', '.join(ALLOCATIONS)}")
     alloc = ALLOCATIONS[name]

@@ -3,7 +3,9 @@
 After eviction the layers hold different numbers of tokens, but the model builds one mask from
 the first layer. These functions ignore that mask and build each layer's own from its key
 length: every cached token is visible, the q new tokens are causal among themselves (batch 1);
-a local layer (native sliding window, `families.attention_layout`) narrows that to its window.
+a local layer (native sliding window, `families.attention_layout`) narrows that to its window, and a
+layer whose KV heads hold different numbers of tokens (`engine.headlengths`) masks each head's padding
+(eager and SDPA; flash_attention_2 has no per-head mask and is refused for it).
 Logit soft-capping (Gemma 2) runs on the eager path, SDPA having none. Then they hand the layer to
 the CakeCache passed as the `cake=` keyword (prefill cascade or decode policy). Backends: eager and
 SDPA (CPU and CUDA), flash_attention_2 (CUDA + flash-attn).
@@ -19,6 +21,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward  # Llama's, plus softcap
 
 from cake_cli.engine.families import UnsupportedModelError, check_model
+from cake_cli.engine.headlengths import live_slots
 from cake_cli.engine.window import window_attention
 
 BACKENDS = ("eager", "sdpa", "flash_attention_2")
@@ -86,9 +89,36 @@ def layer_window(layer_idx: int, cache, sliding_window: int | None) -> int | Non
     return None
 
 
-def _backend_call(backend: str, module, query, key, value, scaling, dropout, window, softcap, kwargs):
-    """The backend's attention with this layer's mask (eager when soft-capping: SDPA has none)."""
+def per_head_mask(allowed: torch.Tensor | None, live: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[1, H, q, k] bool mask: `allowed` [q, k] (None: all) narrowed by `live` [H_kv, k], the keys each KV
+    head holds (`engine.headlengths.live_slots`), repeated to its g = H / H_kv query heads (h reads h // g)."""
+    heads = live.repeat_interleave(num_heads // live.shape[0], dim=0)  # [H, k]
+    mask = heads[:, None, :]  # [H, 1, k]
+    if allowed is not None:
+        mask = mask & allowed[None]  # [H, q, k]
+    return mask[None]  # [1, H, q or 1, k]
+
+
+def _backend_call(backend: str, module, query, key, value, scaling, dropout, window, softcap, kwargs, live=None):
+    """The backend's attention with this layer's mask (eager when soft-capping: SDPA has none); `live`
+    [H_kv, k] narrows it per KV head (a ragged layer, `engine.headlengths`)."""
     q_len, k_len = query.shape[2], key.shape[2]
+    if live is not None:
+        if backend == "flash_attention_2":
+            raise UnsupportedModelError(
+                f"layer {module.layer_idx} holds a different number of tokens per KV head (--allocation global), "
+                "which flash_attention_2 cannot mask: use --attention sdpa or eager"
+            )
+        allowed = per_head_mask(visible(q_len, k_len, window, query.device), live, query.shape[1])  # [1, H, q, k]
+        if backend == "sdpa" and softcap is None:
+            return sdpa_attention_forward(
+                module, query, key, value, allowed, dropout=dropout, scaling=scaling, **kwargs
+            )
+        mask = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device)
+        mask.masked_fill_(~allowed, torch.finfo(query.dtype).min)
+        return eager_attention_forward(
+            module, query, key, value, mask, scaling=scaling, dropout=dropout, softcap=softcap, **kwargs
+        )
     if backend == "flash_attention_2":
         from transformers.integrations.flash_attention import flash_attention_forward
 
@@ -154,17 +184,18 @@ def _make(backend: str):
         window = layer_window(layer_idx, cake, kwargs.pop("sliding_window", None))
         softcap = kwargs.pop("softcap", None)
         scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+        live = live_slots(cake.layers[layer_idx], key.shape[2]) if cake is not None else None  # [H_kv, k] or None
         if query.shape[2] == 1 and (
             fast_decode(backend, query.device, key.shape[2], window)
             or (cake is not None and cake.needs_probs(layer_idx, key.shape[2]))
         ):
             # one decode query: two batched products per KV head, float32 scores (`fast_decode`); on a
             # layer about to evict, the same probabilities are the eviction score (no second pass)
-            probs = window_attention(query[0], key[0], scaling, softcap)  # [H, 1, k] float32
+            probs = window_attention(query[0], key[0], scaling, softcap, live)  # [H, 1, k] float32
             if cake is not None:
                 cake.after_attention(layer_idx, query, key, scaling, probs=probs, softcap=softcap)
             return attend(probs, value, query.dtype), None
-        out, _ = _backend_call(backend, module, query, key, value, scaling, dropout, window, softcap, kwargs)
+        out, _ = _backend_call(backend, module, query, key, value, scaling, dropout, window, softcap, kwargs, live)
         if cake is not None:
             cake.after_attention(layer_idx, query, key, scaling, softcap=softcap)
         return out, None

@@ -2,8 +2,10 @@
 accounting).
 
 Each layer stores keys/values as [1, H_kv, len_l, d] (KV-head granularity, never repeated to
-query heads) plus the original position of every entry, [H_kv, len_l]. All KV heads of a layer
-hold the same number of tokens, but each head its own tokens. Entries stay in position order;
+query heads) plus the original position of every entry, [H_kv, len_l]. Usually all KV heads of a layer
+hold the same number of tokens, each head its own; after KVzip's global ranking (`--allocation
+global`) they hold different numbers, packed and padded at the front to the longest head, the padding
+masked (`engine.headlengths`: `start` [H_kv] is each head's first live slot). Entries stay in position order;
 keys are cached after RoPE, so an entry keeps its true position when others are evicted.
 
 For H2O (`indicators.ACCUMULATED`) a global layer also holds `scores` [H_kv, len]: the attention
@@ -21,6 +23,7 @@ import time
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+from cake_cli.engine.headlengths import head_lengths
 from cake_cli.engine.policy import EvictionPolicy
 from cake_cli.engine.window import accumulated_attention
 
@@ -46,6 +49,7 @@ class CakeLayer(DynamicLayer):
         self.accumulates = False  # keep `scores` (H2O); set by CakeCache.accumulate
         self.scores: torch.Tensor | None = None  # [H_kv, len] float32 accumulated attention, or None
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # decode growth room (`_append_one`)
+        self.start: torch.Tensor | None = None  # [H_kv] first live slot per head (ragged layer), None: all live
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Add q new tokens at their true positions seen..seen+q-1; return the whole layer.
@@ -265,6 +269,8 @@ class CakeCache(Cache):
         """
         layer = self.layers[layer_idx]
         if layer.accumulates:
+            if layer.start is not None:  # its softmax would spread mass over the padding: refuse, never approximate
+                raise ValueError("H2O's accumulated attention is not kept for KV heads of different lengths")
             start = time.perf_counter()
             if probs is not None:  # [H, q, k] -> [H_kv, k]: summed over the queries, averaged per KV head
                 num_kv = key.shape[1]
@@ -295,8 +301,16 @@ class CakeCache(Cache):
             self.peak_bytes = max(self.peak_bytes, self.kv_bytes() + transient)
 
     def lengths(self) -> list[int]:
-        """Live tokens held per layer (same for every KV head of a layer)."""
+        """Slots held per layer (a ragged layer's padding included: its longest head; see `head_lengths`)."""
         return [layer.live() for layer in self.layers]
+
+    def head_lengths(self) -> list[list[int] | None]:
+        """Live tokens per KV head of each layer, None for a layer whose heads hold the same number."""
+        return [head_lengths(layer) if layer.start is not None else None for layer in self.layers]
+
+    def ragged(self) -> bool:
+        """Whether some layer's KV heads hold different numbers of tokens (`engine.headlengths`)."""
+        return any(layer.start is not None for layer in self.layers)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """True number of tokens seen (not the compressed length), for callers that derive positions."""

@@ -79,6 +79,8 @@ class CascadePrefill:
         self.indicators: list[torch.Tensor | None] = [None] * num_layers
         self.evicting = prompt_len > config.budget
         self.seconds = 0.0
+        if config.allocation not in allocation.ALLOCATIONS:  # global ranks reconstruction scores (engine.reconstruct)
+            raise ValueError(f"allocation {config.allocation} needs --scoring reconstruct; the cascade cannot run it")
         self.collect_stats = collect_stats or allocation.ALLOCATIONS[config.allocation].uses_stats
 
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cake_cli.engine.allocation import ALLOCATIONS
+from cake_cli.engine.allocation import ALLOCATIONS, SCORE_ALLOCATIONS
 from cake_cli.engine.indicators import INDICATORS
 
 DECODE_POLICIES = ("fixed", "grow")
@@ -61,7 +61,8 @@ class CakeConfig:
             when nothing was evicted; then one token evicted per new token, docs/method.md §Decoding) or "grow" (new
             tokens appended, nothing more evicted).
         allocation: how B_total is split over layers, a key of `allocation.ALLOCATIONS`:
-            "cake" (preference cascade, Eq. 7-10), "uniform" or "pyramid" (docs/method.md §Baselines).
+            "cake" (preference cascade, Eq. 7-10), "uniform" or "pyramid" (docs/method.md §Baselines); or
+            "global" (`allocation.SCORE_ALLOCATIONS`: KVzip's one ranking, reconstruction scoring only).
         indicator: which tokens a layer keeps, a key of `indicators.INDICATORS`: "cake"
             (Eq. 11), "snapkv", "h2o", "tova", "streaming" (docs/method.md §Baselines). Named pairings: `methods.py`.
 
@@ -118,7 +119,7 @@ class CakeConfig:
                 "the paper uses 5",
             )
         for field, value, valid in (
-            ("allocation", self.allocation, ALLOCATIONS),
+            ("allocation", self.allocation, (*ALLOCATIONS, *SCORE_ALLOCATIONS)),
             ("indicator", self.indicator, INDICATORS),
             ("decode_policy", self.decode_policy, DECODE_POLICIES),
         ):

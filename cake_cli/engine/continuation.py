@@ -30,6 +30,7 @@ from cake_cli.engine.cascade import CascadePrefill, LayerStats
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import GenerationResult, Prefilled, decode, forward_step, prefill, sync_device
+from cake_cli.engine.headlengths import check_padding, set_padding
 from cake_cli.engine.indicators import accumulates
 from cake_cli.engine.kvquant import (
     DEFAULT_GROUP,
@@ -79,6 +80,7 @@ def clone_cache(cache: CakeCache) -> CakeCache:
         dst.keys, dst.values = src.keys.clone(), src.values.clone()  # [1, H_kv, len, d]
         dst.positions, dst.seen = src.positions.clone(), src.seen  # [H_kv, len]
         dst.accumulates, dst.scores = src.accumulates, None if src.scores is None else src.scores.clone()
+        dst.start = None if src.start is None else src.start.clone()  # a ragged layer's padding (headlengths)
     out.full_bytes = cache.full_bytes
     return out
 
@@ -107,6 +109,8 @@ def drop_from(cache: CakeCache, position: int) -> None:
             must lie inside the observation window, which no head evicts).
     """
     for layer in cache.layers:
+        if layer.start is not None:
+            raise ValueError("cannot drop entries from a layer whose KV heads hold different numbers of tokens")
         before = layer.positions < position  # [H_kv, len]
         counts = before.sum(dim=-1)
         if not bool((counts == counts[0]).all()):
@@ -289,7 +293,9 @@ def cache_tensors(
       (KIVI's grouped affine codes, float16 scales and zeros, the newest `recent` tokens in the model's
       dtype), keys per channel, values per token, `group` entries per group;
 
-    and for a layer accumulating H2O's attention `scores.i` [H_kv, len_i] float32 (never quantized).
+    and for a layer accumulating H2O's attention `scores.i` [H_kv, len_i] float32 (never quantized); for a
+    layer whose KV heads hold different numbers of tokens `starts.i` [H_kv] int32, each head's first live slot
+    (`engine.headlengths`: the slots before it are padding, zeros at position -1).
 
     Raises:
         ValueError: bits not in `kvquant.KV_BITS`, and those of `kvquant.quantize`.
@@ -305,7 +311,9 @@ def cache_tensors(
             else:
                 for part, t in quantize_entry(x, kind, bits, group, recent).items():
                     out[f"{kind}.{i}.{part}"] = t
-        out[f"positions.{i}"] = layer.positions.to(index_type).contiguous().cpu()
+        out[f"positions.{i}"] = layer.positions.to(index_type).contiguous().cpu()  # a ragged layer's padding: -1
+        if layer.start is not None:
+            out[f"starts.{i}"] = layer.start.to(torch.int32).contiguous().cpu()  # [H_kv] first live slot per head
         if layer.scores is not None:
             out[f"scores.{i}"] = layer.scores.contiguous().cpu()
     return out
@@ -367,11 +375,15 @@ def cache_from_tensors(
                 f"{tuple(positions.shape)} do not fit together"
             )
         positions = positions.to(torch.int64)
-        if int(positions.min()) < 0 or int(positions.max()) >= seen or not bool((positions.diff() > 0).all()):
+        start = check_padding(tensors.get(f"starts.{i}"), positions, seen, i)  # [H_kv], or None: not ragged
+        bad = int(positions.min()) < 0 or int(positions.max()) >= seen or not bool((positions.diff() > 0).all())
+        if start is None and bad:
             raise ValueError(f"layer {i}: positions are not increasing within [0, {seen})")
         keys, values = keys.unsqueeze(0).to(device), values.unsqueeze(0).to(device)  # [1, H_kv, len, d]
         layer.lazy_initialization(keys, values)
         layer.keys, layer.values, layer.positions, layer.seen = keys, values, positions.to(device), seen
+        if start is not None:
+            set_padding(layer, start.to(device))
         if (scores := tensors.get(f"scores.{i}")) is not None:
             if scores.shape != positions.shape or scores.dtype != torch.float32 or layer.window is not None:
                 raise ValueError(f"layer {i}: scores {tuple(scores.shape)} {scores.dtype} do not fit its positions")

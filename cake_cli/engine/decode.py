@@ -17,6 +17,7 @@ import time
 import torch
 
 from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.headlengths import live_slots, pack_heads
 from cake_cli.engine.indicators import accumulates, token_scores, top_k_sorted
 from cake_cli.engine.window import window_attention
 
@@ -72,6 +73,10 @@ class FixedDecode:
             return
         start = time.perf_counter()
         layer = cache.layers[layer_idx]
+        if layer.start is not None:
+            self._evict_ragged(layer, query, key, scaling, probs, softcap, cap)
+            self.seconds += time.perf_counter() - start
+            return
         w = min(cfg.window, cap)
         num_heads, num_kv = query.shape[1], key.shape[1]
         order = torch.argsort(layer.positions, dim=-1)  # [H_kv, k]: slots in position order
@@ -98,6 +103,38 @@ class FixedDecode:
             recent = torch.arange(m, k, device=chosen.device).expand(num_kv, w)
             layer.keep(order.gather(1, torch.cat([chosen, recent], dim=-1)))
         self.seconds += time.perf_counter() - start
+
+    def _evict_ragged(self, layer, query, key, scaling, probs, softcap, cap: int) -> None:
+        """`after_attention` for a layer whose KV heads hold different numbers of tokens
+        (`engine.headlengths`): each head evicts, among its own live slots, as many tokens as the layer's
+        slots exceed `cap` (one per new token), scored as above over that head's tokens in position order,
+        its most recent w kept; so every head keeps its own length. One head at a time (H_kv is small)."""
+        cfg, k = self.config, key.shape[-2]
+        num_heads, num_kv = query.shape[1], key.shape[1]
+        group = num_heads // num_kv
+        live = live_slots(layer, k)  # [H_kv, k]
+        a = probs if probs is not None else window_attention(query[0], key[0], scaling, softcap, live)  # [H, q, k]
+        excess, victims, rows = k - cap, [], []
+        for h in range(num_kv):
+            slots = live[h].nonzero().squeeze(1)  # [k_h] live slots of head h
+            order = slots[torch.argsort(layer.positions[h, slots])]  # [k_h] in position order
+            w = min(cfg.window, order.numel() - excess)
+            m = order.numel() - w  # candidates: all but the most recent w
+            a_h = a[h * group : (h + 1) * group][:, :, order[:m]]  # [g, q, m]
+            accumulated = layer.scores[h, order[:m]].unsqueeze(0) if accumulates(cfg.indicator) else None
+            scores = token_scores(
+                cfg.indicator, a_h, layer.positions[h, order[:m]].unsqueeze(0), 1, gamma=cfg.gamma,
+                pool=(cfg.pool_kind, cfg.pool_kernel), accumulated=accumulated,
+            )[0]  # fmt: skip
+            if excess == 1 and query.shape[2] == 1:
+                victims.append(order[(m - 1) - torch.argmin(scores.flip(-1))])  # lowest; among ties the latest
+            else:
+                chosen = top_k_sorted(scores.unsqueeze(0), m - excess)[0]  # [m - excess]
+                rows.append(torch.cat([order[chosen], order[m:]]))  # position order
+        if victims:
+            layer.release(torch.stack(victims))  # [H_kv]
+        else:
+            pack_heads(layer, rows)
 
 
 class GrowDecode:

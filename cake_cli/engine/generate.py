@@ -29,6 +29,7 @@ class LayerRow:
     budget: int | None  # B_l evictable tokens (Eq. 7, integer), None when nothing was evicted or local
     kept: int  # tokens the layer holds after prefill (B_l + w, or n; a local layer: at most window - 1)
     window: int | None = None  # a local layer's native sliding window (tokens; no budget), None: global
+    heads: tuple[int, ...] | None = None  # tokens kept per KV head when they differ (`--allocation global`), else None
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,14 @@ class Prefilled:
     def rows(self) -> tuple[LayerRow, ...]:
         """Per-layer statistics, budgets and tokens kept."""
         budgets = self.cascade.final_budgets if self.cascade is not None else None
+        heads = self.cache.head_lengths()
         return tuple(
-            LayerRow(i, self.cascade.stats[i] if self.cascade else None, budgets[i] if budgets else None, kept, window)
+            LayerRow(
+                i, self.cascade.stats[i] if self.cascade else None, budgets[i] if budgets else None, kept, window,
+                None if heads[i] is None else tuple(heads[i]),
+            )
             for i, (kept, window) in enumerate(zip(self.lengths, self.cache.windows))
-        )
+        )  # fmt: skip
 
 
 class LayerProgress:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cake_cli.engine.allocation import ALLOCATIONS
+from cake_cli.engine.allocation import ALLOCATIONS, SCORE_ALLOCATIONS
 from cake_cli.engine.config import CakeConfig, ConfigError
 from cake_cli.engine.indicators import INDICATORS
 
@@ -67,7 +67,8 @@ def resolve(method: str, allocation: str | None = None, indicator: str | None = 
     if pair is None:
         return None
     pair = (allocation or pair[0], indicator or pair[1])
-    for field, name, valid in (("allocation", pair[0], ALLOCATIONS), ("indicator", pair[1], INDICATORS)):
+    allocations = (*ALLOCATIONS, *SCORE_ALLOCATIONS)  # global: reconstruction scoring only (checked by the caller)
+    for field, name, valid in (("allocation", pair[0], allocations), ("indicator", pair[1], INDICATORS)):
         if name not in valid:
             raise ConfigError(field, f"unknown {field} '{name}'", f"choose one of {', '.join(valid)}")
     return pair

@@ -36,7 +36,8 @@ Here, after the prefix of n tokens is prefilled and kept whole:
 Where this follows KVzip and where it does not: the max over reconstruction queries and the GQA group
 and the teacher-forced repeat prompt are KVzip's; chunks each repeat the prompt and see only the prefix
 (their earlier chunks are not cached), which is our reading of its chunked scoring. KVzip shares one
-ranking over all layers and heads or a uniform split; we add CAKE's allocation over the reconstruction
+ranking over all layers and heads (`--allocation global`, here too: `engine.headlengths`, layers and KV
+heads get unequal shares) or a uniform split; we add CAKE's allocation over the reconstruction
 statistics, keep CAKE's window of w tokens, and do no pooling of S. Its head-level (context-
 independent) variant is not implemented.
 """
@@ -55,6 +56,7 @@ from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.continuation import SavedCascade
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled, forward_step, prefill, sync_device
+from cake_cli.engine.headlengths import pack_heads, ranked_selection
 from cake_cli.engine.indicators import top_k_sorted
 from cake_cli.engine.preference import log_preference
 
@@ -258,9 +260,11 @@ def evict_by_scores(cache: CakeCache, rec: Reconstruction, config: CakeConfig) -
     global_layers = [i for i, window in enumerate(cache.windows) if window is None]
     if n <= config.budget or not global_layers:
         return None
+    total, cap = config.evictable_total(len(global_layers)), n - w
+    if config.allocation == allocation.GLOBAL:
+        return _evict_globally(cache, rec, global_layers, total, n, w)
     uses_stats = allocation.ALLOCATIONS[config.allocation].uses_stats
     logs = [rec.stats[i].log_preference for i in global_layers] if uses_stats else None
-    total, cap = config.evictable_total(len(global_layers)), n - w
     scored = len(global_layers)
     budgets = allocation.stage_budgets(config.allocation, logs, scored, scored, total, cap, None)
     for layer_idx, budget in zip(global_layers, budgets):
@@ -269,6 +273,21 @@ def evict_by_scores(cache: CakeCache, rec: Reconstruction, config: CakeConfig) -
         cache.layers[layer_idx].keep(torch.cat([chosen, window], dim=-1))  # [1, H_kv, B_l + w, d]
     out = dict(zip(global_layers, budgets))
     return [out.get(i) for i in range(len(cache.layers))]
+
+
+def _evict_globally(cache: CakeCache, rec: Reconstruction, global_layers, total: int, n: int, w: int):
+    """Step 5 under `--allocation global` (KVzip's one threshold, `headlengths.ranked_selection`): the
+    H_kv · B_total highest S over every global layer and KV head, plus each head's last w tokens; the layers
+    become ragged (`headlengths.pack_heads`). Returns [L] B_l = the layer's kept evictable pairs averaged over
+    its KV heads, rounded (None for a local layer)."""
+    num_kv = cache.layers[global_layers[0]].keys.shape[1]
+    chosen = ranked_selection([rec.scores[i][:, : n - w] for i in global_layers], num_kv * total)
+    budgets: list[int | None] = [None] * len(cache.layers)
+    for layer_idx, rows in zip(global_layers, chosen):
+        window = torch.arange(n - w, n, device=rows[0].device)  # [w]
+        pack_heads(cache.layers[layer_idx], [torch.cat([r, window]) for r in rows])  # [1, H_kv, max_h + w, d]
+        budgets[layer_idx] = round(sum(r.numel() for r in rows) / num_kv)
+    return budgets
 
 
 @torch.inference_mode()

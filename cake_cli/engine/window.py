@@ -11,7 +11,7 @@ import torch
 
 
 def window_attention(
-    query: torch.Tensor, key: torch.Tensor, scaling: float, softcap: float | None = None
+    query: torch.Tensor, key: torch.Tensor, scaling: float, softcap: float | None = None, live=None
 ) -> torch.Tensor:
     """Attention probabilities of the last w queries over all keys, in float32, exactly as the
     model's attention computes them (the query arrives after any q norm and RoPE).
@@ -23,9 +23,11 @@ def window_attention(
         scaling: softmax scale, usually d ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5).
         softcap: attention logit soft-capping c (Gemma 2): logits -> c · tanh(logits / c) before
             the softmax; None for none.
+        live: [H_kv, n] bool, the keys each KV head holds (a ragged layer's padding False,
+            `engine.headlengths`), or None: every key.
 
     Returns:
-        A: [H, w, n] float32 probabilities (each row sums to 1). Query head h reads KV head
+        A: [H, w, n] float32 probabilities (each row sums to 1; 0 on padding). Query head h reads KV head
         h // g with g = H / H_kv (the repeat_kv convention of transformers).
 
     Raises:
@@ -44,6 +46,8 @@ def window_attention(
         rows = torch.arange(w, device=key.device).unsqueeze(1) + (n - w)  # [w, 1] absolute positions
         cols = torch.arange(n, device=key.device).unsqueeze(0)  # [1, n]
         logits.masked_fill_(cols > rows, float("-inf"))  # causal inside the window
+    if live is not None:
+        logits.masked_fill_(~live[:, None, None, :], float("-inf"))  # [H_kv, 1, 1, n]: a head's padding
     return torch.softmax(logits, dim=-1).view(num_heads, w, n)  # [H, w, n]
 
 

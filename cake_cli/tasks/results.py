@@ -31,6 +31,7 @@ class LayerResult:
     budget: int | None  # B_l evictable tokens kept (None when nothing was evicted, or a local layer)
     kept: int  # tokens the layer holds after prefill (B_l + w, or all; a local layer: its window - 1 at most)
     window: int | None = None  # a local layer's native sliding window (tokens; no CAKE budget), None: global
+    heads: tuple[int, ...] | None = None  # tokens kept per KV head when they differ (--allocation global), else None
 
 
 @dataclass(frozen=True)
@@ -233,6 +234,14 @@ class RunResult(PrefillSummary):
     support: Support | None = None  # qa / needle: located, unsupported or abstained (None: the task cites nothing)
     dropped: Dropped | None = None  # what the middle cut left out (None: the whole document was read)
     sections: tuple[SectionAnswer, ...] = ()  # --long sections: every section (the run's figures add them up)
+    reply: str | None = (
+        None  # qa / needle: the whole reply as streamed (answer + passage); `answer` is the short answer
+    )
+
+    @property
+    def printed(self) -> str:
+        """The answer as the terminal showed it: the whole reply of a cited task, else the answer."""
+        return self.reply if self.reply is not None else self.answer
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -271,6 +280,7 @@ def layer_results(rows) -> tuple[LayerResult, ...]:
             row.budget,
             row.kept,
             row.window,
+            getattr(row, "heads", None),
         )
         for row, share in zip(rows, shares)
     )

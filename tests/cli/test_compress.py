@@ -269,8 +269,8 @@ def test_ctrl_c_in_chat_stops_the_answer_and_asks_again(cake, cli_env, monkeypat
     assert result.exit_code == 0, result.stderr
     assert "answer stopped" in result.stderr and "interrupted" not in result.stderr
     single = json.loads(invoke("qa", path, QUESTIONS[1], "-n", "6", "--json").stdout)
-    assert out.read_text() == f"Q: {QUESTIONS[1]}\nA: {single['answer']}\n", "the stopped turn is not in it"
-    assert result.stdout.endswith(single["answer"] + "\n")
+    assert out.read_text() == f"Q: {QUESTIONS[1]}\nA: {single['reply']}\n", "the stopped turn is not in it"
+    assert result.stdout.endswith(single["reply"] + "\n")
     assert "turn 1:" in result.stderr and "turn 2:" not in result.stderr
 
 

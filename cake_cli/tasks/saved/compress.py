@@ -43,6 +43,7 @@ from dataclasses import replace
 
 import torch
 
+from cake_cli.engine.allocation import GLOBAL
 from cake_cli.engine.continuation import compress as compress_prefix
 from cake_cli.engine.continuation import continue_prefix
 from cake_cli.engine.generate import decode
@@ -131,6 +132,11 @@ def compress(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None, scoring
     how = "kept whole: each question evicts it when asked" if whole else f"scored with the {scoring}"
     how = "scored by a reconstruction of the document" if scoring == "reconstruct" and config else how
     cb.status(f"compress: {n} tokens through {loaded.model.config.num_hidden_layers} layers, {how}")
+    if config is not None and config.allocation == GLOBAL and ready.backend == "flash_attention_2":
+        raise CakeError(
+            "--allocation global keeps a different number of tokens per KV head, which flash_attention_2 cannot mask",
+            "use --attention sdpa or eager",
+        )
     threads = choose(request.threads)
     with finite(loaded), threads_using(threads.prefill):
         if scoring == "reconstruct" and config is not None:

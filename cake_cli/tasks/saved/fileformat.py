@@ -12,6 +12,10 @@ values, at the file's ``kv_bits``:
   A loaded file is dequantized to the model's dtype.
 
 For H2O also ``scores.i`` [H_kv, len_i] float32, each token's accumulated attention (`engine.cache`).
+From version 4, a layer whose KV heads keep different numbers of tokens (``--allocation global``,
+`engine.headlengths`) also has ``starts.i`` [H_kv] int32, each head's first live slot: its tensors are
+padded at the front to its longest head (zeros at position -1), and its metadata layer lists ``heads``,
+the tokens each KV head keeps. Versions 1-3 have neither and load as before.
 
 The safetensors header's ``__metadata__`` holds one key, ``cake_cli``: a JSON object with every
 `CacheMeta` field (format and cake-cli versions, model and its fingerprint, dtype, method, the
@@ -42,8 +46,8 @@ from cake_cli.engine.config import KV_BITS
 from cake_cli.errors import CakeError
 
 FORMAT = "cake-cli-cache"
-FORMAT_VERSION = 3  # 3: the checksum covers the metadata and the tensor table, not only the tensor data
-READABLE_VERSIONS = (1, 2, 3)  # 1: no kv_* fields (16-bit keys and values, the same tensors)
+FORMAT_VERSION = 4  # 4: per-KV-head lengths (`starts.i`, layers' `heads`); 3: the checksum covers the metadata
+READABLE_VERSIONS = (1, 2, 3, 4)  # 1: no kv_* fields (16-bit keys and values, the same tensors)
 CHECKSUM = "sha256"  # the metadata field holding `file_sha256` (version 3)
 SUFFIX = ".cake"
 META_KEY = "cake_cli"
@@ -60,6 +64,7 @@ class LayerMeta:
     dispersion: float | None
     shift: float | None
     log_preference: float | None  # None stands for -inf (P_l = 0) as well as "not computed"
+    heads: list[int] | None = None  # format 4: tokens kept per KV head when they differ (--allocation global)
 
 
 @dataclass(frozen=True)

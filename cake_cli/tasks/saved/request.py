@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from cake_cli.engine.allocation import ALLOCATIONS, GLOBAL
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.methods import FULL, resolve
 from cake_cli.errors import CakeError, UsageError
@@ -144,6 +145,7 @@ def check_scoring_method(plan: Plan, scoring: str) -> None:
         UsageError: `reconstruct` with --method full (nothing to evict), or with an indicator other than
             CAKE's (the reconstruction's attention ranks the tokens: `engine.reconstruct`).
     """
+    check_global(plan, scoring)
     if scoring != "reconstruct" or plan.saved is not None:
         return
     if not plan.evicts:
@@ -155,5 +157,30 @@ def check_scoring_method(plan: Plan, scoring: str) -> None:
         raise UsageError(
             "--scoring reconstruct ranks tokens by the attention a reconstruction of the document gives them; "
             f"it takes no {plan.config.indicator} indicator",
-            "use --method cake (CAKE budgets) or --allocation uniform (equal budgets)",
+            "use --method cake (CAKE budgets), --allocation uniform (equal budgets) or --allocation global (KVzip)",
         )
+
+
+def check_global(plan: Plan, scoring: str | None = None) -> None:
+    """Refuse `--allocation global` (KVzip's one ranking over layers and KV heads) where no reconstruction
+    scores it: it runs only when a document is compressed with `--scoring reconstruct` (compress, chat), or
+    on a .cake file made that way (its own setting).
+
+    Args:
+        scoring: the --scoring of a document compressed now (compress, chat); None for a task command.
+
+    Raises:
+        UsageError: global with another scoring, with a prefix kept whole, or with a task's own prefill.
+    """
+    if not plan.evicts or plan.config.allocation != GLOBAL:
+        return
+    if plan.saved is not None and not plan.saved.meta.whole:
+        return  # the file's own allocation
+    if plan.saved is None and scoring == "reconstruct":
+        return
+    raise UsageError(
+        "--allocation global ranks the reconstruction scores of every layer and KV head; it needs --scoring "
+        "reconstruct",
+        "compress with: cake compress DOC -o FILE.cake --scoring reconstruct --allocation global; or choose "
+        f"--allocation {'|'.join(ALLOCATIONS)}",
+    )

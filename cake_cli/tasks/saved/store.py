@@ -57,7 +57,8 @@ def _layers(state: Prefilled) -> list[LayerMeta]:
     for row in state.rows():
         stats = row.stats
         log_p = stats.log_preference if stats and stats.log_preference != float("-inf") else None
-        out.append(LayerMeta(row.budget, row.kept, stats and stats.dispersion, stats and stats.shift, log_p))
+        heads = None if row.heads is None else list(row.heads)
+        out.append(LayerMeta(row.budget, row.kept, stats and stats.dispersion, stats and stats.shift, log_p, heads))
     return out
 
 
@@ -187,6 +188,12 @@ def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compress
         raise CakeError(f"{saved.name} is damaged ({exc})", again.replace("with this model: ", "")) from None
     except (ValueError, OSError, RuntimeError) as exc:
         raise CakeError(f"{saved.name} does not fit {loaded.name} ({exc})", again) from None
+    if cache.ragged() and ready.backend == "flash_attention_2":
+        raise CakeError(
+            f"{saved.name} keeps a different number of tokens per KV head (--allocation global), which "
+            "flash_attention_2 cannot mask",
+            "use --attention sdpa or eager",
+        )
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     for layer in cache.layers:
         if layer.keys.shape[1] != heads or layer.keys.dtype != loaded.dtype:

@@ -49,7 +49,7 @@ def test_missing_llama_cpp_is_one_line_with_the_install_command(monkeypatch, tmp
     assert llama.missing() == "llama-cpp-python is not installed"
     with pytest.raises(CakeError) as exc:
         llama.llama_row(tmp_path / "m.gguf", [1, 2, 3], "g", new_tokens=4, threads=(1, 1))
-    assert "\n" not in str(exc.value) and "cake-cli[bench]" in exc.value.hint
+    assert "\n" not in str(exc.value) and ".[llama]" in exc.value.hint
 
 
 def test_a_model_without_gguf_is_refused_in_one_line(tmp_path):

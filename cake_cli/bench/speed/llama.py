@@ -1,5 +1,5 @@
 """`cake bench speed --llama`: llama.cpp's decode and prefill on the same GGUF, document, threads and
-token count, through llama-cpp-python (the `bench` extra), as a SpeedRow beside ours.
+token count, through llama-cpp-python (the `llama` extra), as a SpeedRow beside ours.
 
 What a CPU user would run instead of cake-cli is llama.cpp on the model's own GGUF file, with its
 full cache (it has no eviction). The row runs it like our engine rows (`rows.run_speed`): one
@@ -21,7 +21,7 @@ from cake_cli.errors import CakeError
 from cake_cli.models.embedded import EMBEDDED_MODELS, assemble, locate
 
 METHOD = "llama.cpp"  # the rows' method name (full cache, its own KV layout)
-INSTALL = "pip install 'cake-cli[bench]' (builds llama-cpp-python from source, ~15 min on one core)"
+INSTALL = "pip install -e '.[llama]' (builds llama-cpp-python from source, about 8 min on 2 cores)"
 
 
 def missing() -> str | None:

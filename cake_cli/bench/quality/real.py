@@ -171,7 +171,7 @@ def run_real(
                 on_step(f"{label}: prefill {ids.shape[1]} tokens")
             rec = record(model.model, ids, window, accumulate=accumulate)
             recorded += rec.seconds
-            for variant, budget, _, text, spent in replay_cells(
+            for variant, budget, _, text, spent, _ in replay_cells(
                 model, ids, rec, cells, configs, new_tokens, label, on_step
             ):
                 replies.setdefault((variant.name, budget), []).append(text)

@@ -118,12 +118,16 @@ def _weighted(rows, budgets, weights, cases) -> tuple[dict, dict]:
     return scored, by
 
 
-def choose(rows: list[dict], budgets=TAU_BUDGETS, weights=TASK_WEIGHTS, cases=None) -> list[TauScores]:
+def choose(
+    rows: list[dict], budgets=TAU_BUDGETS, weights=TASK_WEIGHTS, cases=None, prefer: tuple | None = None
+) -> list[TauScores]:
     """Score each grid point per budget from results rows and pick the best (module docstring).
 
     Args:
         weights: task weights of the overall score; cases: predicate selecting the rows chosen on
             (None: all); the other rows' scores are reported beside them.
+        prefer: the profile's own (pool kind, kernel, gamma): among settings that tie on the rows
+            chosen on and then on the other rows, the one kept (else the first by name).
 
     Raises:
         ValueError: no grid rows for a budget.
@@ -131,13 +135,14 @@ def choose(rows: list[dict], budgets=TAU_BUDGETS, weights=TASK_WEIGHTS, cases=No
     weighted, by = _weighted(rows, budgets, weights, cases)
     other, _ = _weighted(rows, budgets, weights, None if cases is None else (lambda r: not cases(r)))
     settings = sorted({p[2:] for _, p in weighted}, key=str)
-    best_total = {
-        s: sum(max((v for (bb, p), v in weighted.items() if bb == b and p[2:] == s), default=0.0) for b in budgets)
-        for s in settings
-    }
+
+    def best_total(scored: dict, s: tuple) -> float:
+        return sum(max((v for (bb, p), v in scored.items() if bb == b and p[2:] == s), default=0.0) for b in budgets)
+
     if not settings:
         raise ValueError(f"no tau-search results at budget {budgets[0] if budgets else '-'}")
-    setting = max(settings, key=lambda s: (round(best_total[s], 9), str(s)))
+    ranks = {s: (round(best_total(weighted, s), 9), round(best_total(other, s), 9), s == prefer) for s in settings}
+    setting = min(settings, key=lambda s: (tuple(-x for x in ranks[s]), str(s)))
     total: dict = {}
     for (_, p), s in weighted.items():
         if p[2:] == setting:

@@ -228,6 +228,11 @@ def tau_search(
         if suite == "genres":
             chosen = genre_suite_from(SEARCH_GENRE_SUITE, tasks, lengths, depths, repeats, genres, seed)
             search = search_grid(grid1, grid2, pooling or "avg,max", kernels or "3,5,7", gammas, model, choose_on)
+            if not set(chosen.genres) & set(GENRE_SPLITS[choose_on]):
+                raise UsageError(
+                    f"--genres has none of the {choose_on} genres ({', '.join(GENRE_SPLITS[choose_on])})",
+                    "add one, or choose on the other side with --choose-on",
+                )
         else:
             if genres or seed is not None or pooling or kernels or gammas:
                 raise UsageError(

@@ -344,8 +344,10 @@ def tau_search(setup: GridSetup, search: SearchGrid, write_profile: Path | None)
     suite = setup.suite
     grid = f"tau1 {{{','.join(f'{t:g}' for t in grid1)}}} x tau2 {{{','.join(f'{t:g}' for t in grid2)}}}"
     if profile:
-        on = set(GENRE_SPLITS[search.choose_on])
-        chosen = choose(rows, list(setup.configs), GENRE_WEIGHTS, lambda r: r.get("genre") in on)
+        on = set(GENRE_SPLITS[search.choose_on]) & set(suite.genres)
+        config = next(iter(setup.configs.values()))
+        current = (config.pool_kind, config.pool_kernel, config.gamma)
+        chosen = choose(rows, list(setup.configs), GENRE_WEIGHTS, lambda r: r.get("genre") in on, current)
         pools = ",".join(f"{k}{n}" for k, n in search.poolings)
         grid += f" x pooling {{{pools}}} x gamma {{{','.join(f'{g:g}' for g in search.gammas)}}}"
         source = (

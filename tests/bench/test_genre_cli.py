@@ -1,0 +1,102 @@
+"""`cake bench quality --suite genres` and `cake bench tau-search --suite genres` end to end on the
+tiny random model (CliRunner), on the two genres that need no extra package."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import cake_cli.cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
+from cake_cli.cli.main import app
+
+runner = CliRunner()
+TINY = ["--model", "tiny-test", "--suite", "genres", "--genres", "reference,code", "--lengths", "400"]
+TINY += ["--depths", "0.5", "--threads", "1"]
+
+
+def test_quality_genres_splits_intervals_and_survival(cli_env):
+    out = cli_env / "genres.json"
+    args = ["bench", "quality", *TINY, "--tasks", "s-rt,m-each", "--repeats", "3", "--budgets", "32"]
+    args += ["--methods", "full,snapkv,cake", "--diagnose", "survival", "-o", str(out), "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data["splits"]["score"]) == {"tune", "held-out"}  # reference is tuned on, code held out
+    assert data["meta"]["genres"] == ["reference", "code"] and data["meta"]["seed"] == 0
+    splits = {r["genres"] for r in data["intervals"]}
+    assert splits == {"tune", "held-out", "all genres"}
+    assert all(r["cake vs"] in ("full", "snapkv") for r in data["intervals"])
+    assert any(line.startswith(("SUPPORTED", "NOT SHOWN")) and "held-out" in line for line in data["claims"])
+    assert {r["method"] for r in data["survival"]} == {"snapkv", "cake"}
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 * 2 * 3 * 3  # genres x tasks x repeats x (full, snapkv@32, cake@32)
+    for r in rows:
+        assert r["genre"] in ("reference", "code") and r["split"] == (
+            "tune" if r["genre"] == "reference" else "held-out"
+        )
+        assert len(r["survival"]) == 4 and all(
+            len(layer) == (3 if r["task"] == "m-each" else 1) for layer in r["survival"]
+        )
+        if r["method"] == "full":
+            assert all(v == 1.0 for layer in r["survival"] for v in layer)
+    ids = {r["case_id"] for r in rows if r["task"] == "m-each"}
+    assert ids == {f"{g}/d50-n{i}" for g in ("reference", "code") for i in range(3)}
+    again = runner.invoke(app, args)  # resumed: nothing left to run, the same tables
+    assert again.exit_code == 0 and json.loads(again.stdout)["intervals"] == data["intervals"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--genres", "poetry"], "unknown genre"),
+        (["--tasks", "s-rt,xx"], "unknown task"),
+        (["--diagnose", "memory"], "--diagnose"),
+        (["--seed", "-1"], "--seed"),
+    ],
+)
+def test_quality_genres_usage_errors(cli_env, extra, message):
+    result = runner.invoke(app, ["bench", "quality", *TINY, "--budgets", "32", *extra])
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr and result.stdout == ""
+
+
+def test_genre_options_need_the_genre_suite(cli_env):
+    result = runner.invoke(app, ["bench", "quality", "--model", "tiny-test", "--genres", "code"])
+    assert result.exit_code == 2 and "--suite genres" in result.stderr
+    result = runner.invoke(app, ["bench", "tau-search", "--model", "tiny-test", "--pooling", "max"])
+    assert result.exit_code == 2 and "--suite genres" in result.stderr
+    result = runner.invoke(app, ["bench", "tau-search", *TINY, "--kernels", "4"])
+    assert result.exit_code == 2 and "odd" in result.stderr
+    result = runner.invoke(app, ["bench", "tau-search", *TINY[:4], "--genres", "reference", "--lengths", "400"])
+    assert result.exit_code == 2 and "none of the held-out genres" in result.stderr
+
+
+def test_profile_search_writes_pooling_gamma_and_taus(cli_env, tiny_profile_dir, tmp_path):
+    profile = tmp_path / "tiny-test.yaml"
+    profile.write_text((tiny_profile_dir / "tiny-test.yaml").read_text())
+    out = tmp_path / "search.json"
+    args = ["bench", "tau-search", *TINY, "--tasks", "s-rt", "--budgets", "32", "--tau1", "1,2", "--tau2", "1"]
+    args += ["--pooling", "avg,max", "--kernels", "3,7", "--gammas", "100,200", "-o", str(out)]
+    result = runner.invoke(app, [*args, "--write-profile", str(profile), "--json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    (chosen,) = data["budgets"]
+    assert len(chosen["points"]) == 2 * 1 * 2 * 2 * 2  # every grid point scored, on both genre sides
+    best = chosen["best"]
+    held = [
+        p
+        for p in chosen["points"]
+        if (p["pooling"], p["kernel"], p["gamma"]) == (best["pooling"], best["kernel"], best["gamma"])
+    ]
+    assert best["score"] == max(p["score"] for p in held)
+    assert {r["method"] for r in data["references"]} == {"full", "snapkv"}
+    written = yaml.safe_load(profile.read_text())
+    assert (
+        written["pooling"] == {"kind": best["pooling"], "kernel": best["kernel"]} and written["gamma"] == best["gamma"]
+    )
+    assert "held-out genres" in written["tau_source"]
+    rows = json.loads(out.read_text())["rows"]
+    assert len({r["method"] for r in rows}) == 16 + 2  # every answer is in the run file

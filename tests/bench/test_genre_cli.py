@@ -100,3 +100,14 @@ def test_profile_search_writes_pooling_gamma_and_taus(cli_env, tiny_profile_dir,
     assert "held-out genres" in written["tau_source"]
     rows = json.loads(out.read_text())["rows"]
     assert len({r["method"] for r in rows}) == 16 + 2  # every answer is in the run file
+
+
+def test_survival_tables_on_the_needle_suite(cli_env):
+    args = ["bench", "quality", "--model", "tiny-test", "--haystack", "python-docs", "--tasks", "s-rt,m-rt"]
+    args += ["--lengths", "400", "--depths", "0.5", "--repeats", "1", "--budgets", "32,64", "--threads", "1"]
+    result = runner.invoke(app, [*args, "--methods", "full,cake,streamingllm", "--diagnose", "survival"])
+    assert result.exit_code == 0, result.stderr
+    assert "fact tokens kept: mean % over layers" in result.stdout
+    assert "fact tokens kept per layer at B=32" in result.stdout
+    plain = runner.invoke(app, [*args, "--methods", "full,cake"])
+    assert plain.exit_code == 0 and "fact tokens kept" not in plain.stdout

@@ -13,7 +13,7 @@ from cake_cli.bench.bootstrap import claim, paired_intervals
 from cake_cli.bench.genres import GENRE_SPLITS
 from cake_cli.bench.quality.report import Summary, fmt_score, summarize
 from cake_cli.bench.scoring import GENRE_WEIGHTS
-from cake_cli.bench.survival import survival_summary
+from cake_cli.bench.survival import survival_by_layer, survival_summary
 
 
 def split_rows(rows: list[dict]) -> dict[str, list[dict]]:
@@ -80,6 +80,22 @@ def survival_rows(rows: list[dict], methods, budgets) -> list[list[str]]:
         cells = (_kept(table[(m, b)]) if (m, b) in table else "-" for b in budgets)
         out.append([m, *cells])
     return out
+
+
+def survival_layer_rows(rows: list[dict], methods, budget: int) -> list[list[str]]:
+    """Rows [layer, mean % of the facts' tokens each method kept there] at one budget: where a
+    method loses a fact (every layer: too small budgets; some layers with room: its indicator)."""
+    columns = [(m, survival_by_layer(rows, m, budget)) for m in methods]
+    columns = [(m, c) for m, c in columns if c]
+    if not columns:
+        return []
+    layers = max(len(c) for _, c in columns)
+    return [[str(i), *(f"{100 * c[i]:.0f}" if i < len(c) else "-" for _, c in columns)] for i in range(layers)]
+
+
+def survival_methods(rows: list[dict], methods, budget: int) -> list[str]:
+    """The methods with survival rows at `budget` (the columns of `survival_layer_rows`)."""
+    return [m for m in methods if survival_by_layer(rows, m, budget)]
 
 
 def _kept(pair: tuple[float, float]) -> str:

@@ -16,7 +16,6 @@ from rich.table import Table
 
 from cake_cli.bench.genre_cases import GenreSuite
 from cake_cli.bench.genres import GENRE_SPLITS
-from cake_cli.bench.quality import genre_report
 from cake_cli.bench.quality.plot import plot as draw
 from cake_cli.bench.quality.real import count_steps as count_real_steps
 from cake_cli.bench.quality.real import run_real
@@ -43,6 +42,7 @@ from cake_cli.bench.tau_search import choose, write_profile_taus
 from cake_cli.cli.bench_options import GridSetup, SearchGrid
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.cli.runners.bench_common import command_line, load, machine, progress_bar
+from cake_cli.cli.runners.bench_genres import genres_report, print_survival, profile_table, reference_scores
 from cake_cli.files import write_atomic
 from cake_cli.models.loader import LoadedModel
 from cake_cli.tasks.runner import prompt_limit, stop_token_ids
@@ -223,112 +223,13 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
         for heading, table in rich_tables(summ, title):
             out.print(f"[bold]{escape(heading)}[/]")
             out.print(table)
+    print_survival(out, rows, names, budgets, title)
     for line in checks:
         out.print(line)
     if png:
         err.print(f"[dim]plot: {escape(str(png))}[/]")
     if output:
         err.print(f"[dim]results: {escape(str(output))}[/]")
-
-
-def reference_scores(rows: list[dict], budgets: list[int], search: SearchGrid) -> list[tuple]:
-    """[(method, budget, chosen-on score, other genres' score)] of the full cache and SnapKV rows
-    of a profile search (weighted like the grid, `scoring.GENRE_WEIGHTS`)."""
-    on = set(GENRE_SPLITS[search.choose_on])
-    out = []
-    for method in ("full", "snapkv"):
-        for b in budgets:
-            picked = [r for r in rows if r["method"] == method and r["budget"] in (b, None)]
-            scores = []
-            for side in (True, False):
-                part = [r for r in picked if (r.get("genre") in on) == side]
-                summ = summarize(part, [method], [b], weights=GENRE_WEIGHTS) if part else None
-                scores.append(summ.get("overall", method, b) if summ else None)
-            out.append((method, b, *scores))
-    return out
-
-
-def profile_table(c, choose_on: str) -> Table:
-    """The best taus of each (pooling, kernel, gamma) at one budget: its score on the genres chosen
-    on and on the others (x 100), the chosen setting in bold."""
-    best: dict = {}
-    for point, (mine, other) in c.points.items():
-        setting = point[2:]
-        if setting not in best or mine > best[setting][1]:
-            best[setting] = (point[:2], mine, other)
-    table = Table(title=f"B = {c.budget}: best taus per indicator setting")
-    for head in ("pooling", "gamma", "taus", f"{choose_on} genres", "other genres"):
-        table.add_column(head, justify="left" if head in ("pooling", "taus") else "right")
-    for (kind, kernel, gamma), (taus, mine, other) in sorted(best.items(), key=lambda kv: -kv[1][1]):
-        bold = "[bold]" if (kind, kernel, gamma) == c.indicator else ""
-        table.add_row(
-            f"{bold}{kind}{kernel}", f"{gamma:g}", f"{taus[0]:g}, {taus[1]:g}", fmt_score(mine), fmt_score(other)
-        )
-    return table
-
-
-def genres_report(setup: GridSetup, loaded, meta: dict, rows: list[dict], plot, markdown) -> None:
-    """`cake bench quality --suite genres`: tables of the tune and held-out genres, the paired
-    bootstrap intervals of CAKE's differences, the claims they allow, and fact survival."""
-    names, budgets = [v.name for v in setup.variants], list(setup.configs)
-    title = f"cake bench quality · {loaded.name}"
-    summaries = {metric: genre_report.split_summaries(rows, names, budgets, metric) for metric in ("score", "exact")}
-    all_genres = summarize(rows, names, budgets, weights=GENRE_WEIGHTS)
-    intervals = genre_report.interval_rows(rows, names, budgets)
-    claims = genre_report.claim_lines(rows, names, budgets) + genre_report.claim_lines(
-        rows, names, budgets, metric="exact"
-    )
-    survival = genre_report.survival_rows(rows, names, budgets)
-    checks = target_checks(summaries["score"]["held-out"]) if "held-out" in summaries["score"] else []
-    png = plot or (setup.output.with_suffix(".png") if setup.output else None)
-    if png and importlib.util.find_spec("matplotlib") is not None:
-        draw(all_genres, png, f"{title} · all genres, {len(rows)} answers")
-    iv_head = ["genres", "cake vs", *(f"B={b}" for b in budgets)]
-    if markdown:
-        parts = [
-            f"**{split} genres**\n\n" + to_markdown(summ)
-            for metric in summaries.values()
-            for split, summ in metric.items()
-        ]
-        parts.append("**cake - baseline, mean [95% paired bootstrap] x 100 (* lower bound >= 0)**\n\n")
-        parts[-1] += genre_report.markdown_table(iv_head, intervals)
-        if survival:
-            head = ["method", *(f"B={b}" for b in budgets)]
-            parts.append("**fact tokens kept: mean % over layers / % of facts kept whole**\n\n")
-            parts[-1] += genre_report.markdown_table(head, survival)
-        write_atomic(markdown, "\n\n".join(parts) + "\n\n" + "\n".join(claims) + "\n", "markdown file")
-    if setup.json_out:
-        payload = {
-            "meta": meta,
-            "splits": {m: {s: v.to_json() for s, v in d.items()} for m, d in summaries.items()},
-            "intervals": [dict(zip(iv_head, r)) for r in intervals],
-            "claims": claims,
-            "survival": [dict(zip(["method", *map(str, budgets)], r)) for r in survival],
-            "checks": checks,
-        }
-        sys.stdout.write(json.dumps(payload, indent=1) + "\n")
-        return
-    out = console(stderr=False)
-    for metric in summaries.values():
-        for split, summ in metric.items():
-            for heading, table in rich_tables(summ, f"{title} · {split} genres"):
-                out.print(f"[bold]{escape(heading)}[/]")
-                out.print(table)
-    for head, body, heading in (
-        (iv_head, intervals, "cake - baseline, mean [95% paired bootstrap] x 100 (* lower bound >= 0)"),
-        (["method", *(f"B={b}" for b in budgets)], survival, "fact tokens kept: mean % over layers / % kept whole"),
-    ):
-        if not body:
-            continue
-        table = Table()
-        for i, h in enumerate(head):
-            table.add_column(h, justify="left" if i < 2 else "right")
-        for r in body:
-            table.add_row(*([*r] + [""] * (len(head) - len(r))))
-        out.print(f"[bold]{escape(title)} · {heading}[/]")
-        out.print(table)
-    for line in claims + checks:
-        out.print(line)
 
 
 def tau_search(setup: GridSetup, search: SearchGrid, write_profile: Path | None) -> None:

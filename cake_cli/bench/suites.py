@@ -63,6 +63,14 @@ def spec_id(spec: tuple) -> str:
     return genre_case_id(spec[4], index, depth) if len(spec) == 5 else case_id(index, depth)
 
 
+def grid_cost(suite, variants: list, budgets: list[int]) -> tuple[int, int]:
+    """(recorded prefills, replays) of a whole grid before anything ran: one prefill per case and
+    length, one replay (and decode, unless two configs keep the same tokens) per variant and budget
+    ("full": one per case)."""
+    prefills = len(suite.specs())
+    return prefills, prefills * sum(1 if v.allocation is None else len(budgets) for v in variants)
+
+
 def cell_keys(suite: Suite | GenreSuite, variants: list, budgets: list[int]) -> set[tuple]:
     """The resume keys (`result_key`) of every answer the grid holds: each case of `suite` (task,
     case id, length) x each variant x each budget ("full": budget None). A stored row whose key is

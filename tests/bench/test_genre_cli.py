@@ -111,3 +111,15 @@ def test_survival_tables_on_the_needle_suite(cli_env):
     assert "fact tokens kept per layer at B=32" in result.stdout
     plain = runner.invoke(app, [*args, "--methods", "full,cake"])
     assert plain.exit_code == 0 and "fact tokens kept" not in plain.stdout
+
+
+def test_dry_run_prints_the_cost_without_loading(cli_env, monkeypatch):
+    import cake_cli.cli.runners.bench_common as common  # noqa: PLC0415 - patched where the runners load
+
+    monkeypatch.setattr(common, "load", lambda *a, **k: pytest.fail("the model must not load on --dry-run"))
+    args = ["bench", "tau-search", *TINY, "--tasks", "s-rt,m-rt", "--budgets", "32,64", "--tau1", "1,2"]
+    args += ["--tau2", "1", "--pooling", "avg,max", "--kernels", "3", "--dry-run"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    # 2 tasks x 2 genres x 1 depth x 1 repeat x 1 length = 4 prefills; (2 x 1 x 2 x 1 = 4 configs + snapkv) x 2 + full
+    assert result.stdout.startswith("6 configs x 2 budgets: 4 recorded prefills, 44 replays")

@@ -17,6 +17,7 @@ from cake_cli.bench.suites import (
     EVAL_SUITE,
     QUICK_SUITE,
     TUNE_SUITE,
+    grid_cost,
     parse_variants,
 )
 from cake_cli.cli import options as o
@@ -200,6 +201,10 @@ def tau_search(
         str,
         typer.Option(metavar="SPLIT", help="--suite genres: choose on the held-out or the tune genres' score."),
     ] = "held-out",
+    dry_run: Annotated[
+        bool,
+        o._flag("--dry-run", help="Print the search's cost (prefills, replays) and stop before loading the model."),
+    ] = False,
     output: Output = None,
     write_profile: Annotated[
         Path | None,
@@ -244,6 +249,14 @@ def tau_search(
         variants = search.variants()
         where = (haystack, chosen, sizes, variants, output, json_out)
         setup = grid_setup(model, window, dtype, attention, threads, *where)
+        if dry_run:
+            prefills, replays = grid_cost(chosen, variants, sizes)
+            typer.echo(
+                f"{len(variants)} configs x {len(sizes)} budgets: {prefills} recorded prefills, {replays} replays "
+                f"(each a greedy decode unless two configs keep the same tokens; {replays // max(prefills, 1)} per "
+                "prefill)"
+            )
+            return
         from cake_cli.cli.runners import bench as bench_run  # noqa: PLC0415 - torch loads after the checks
 
         bench_run.tau_search(setup, search, write_profile)

@@ -114,9 +114,9 @@ def test_survival_tables_on_the_needle_suite(cli_env):
 
 
 def test_dry_run_prints_the_cost_without_loading(cli_env, monkeypatch):
-    import cake_cli.cli.runners.bench_common as common  # noqa: PLC0415 - patched where the runners load
+    import cake_cli.cli.runners.bench as bench_runner  # noqa: PLC0415 - patched where the runner loads
 
-    monkeypatch.setattr(common, "load", lambda *a, **k: pytest.fail("the model must not load on --dry-run"))
+    monkeypatch.setattr(bench_runner, "load", lambda *a, **k: pytest.fail("the model must not load on --dry-run"))
     args = ["bench", "tau-search", *TINY, "--tasks", "s-rt,m-rt", "--budgets", "32,64", "--tau1", "1,2"]
     args += ["--tau2", "1", "--pooling", "avg,max", "--kernels", "3", "--dry-run"]
     result = runner.invoke(app, args)

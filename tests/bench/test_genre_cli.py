@@ -123,3 +123,26 @@ def test_dry_run_prints_the_cost_without_loading(cli_env, monkeypatch):
     assert result.exit_code == 0, result.stderr
     # 2 tasks x 2 genres x 1 depth x 1 repeat x 1 length = 4 prefills; (2 x 1 x 2 x 1 = 4 configs + snapkv) x 2 + full
     assert result.stdout.startswith("6 configs x 2 budgets: 4 recorded prefills, 44 replays")
+
+
+def test_the_multi_fact_target_line():
+    from cake_cli.bench.quality.genre_report import multi_fact_check  # noqa: PLC0415
+
+    def row(method, budget, exact, task="m-rt", genre_split="held-out", length=16384):
+        return {
+            "task": task,
+            "method": method,
+            "budget": budget,
+            "exact": exact,
+            "split": genre_split,
+            "length": length,
+        }
+
+    rows = [row("full", None, 1.0), row("full", None, 1.0), row("cake", 256, 1.0), row("cake", 256, 0.0)]
+    rows += [row("cake", 256, 0.0, genre_split="tune"), row("cake", 256, 0.0, task="s-rt"), row("cake", 128, 0.0)]
+    (line,) = multi_fact_check(rows)
+    assert line.startswith("FAIL B=256 at 16384 tokens") and "50% of full" in line and "2 cases" in line
+    rows += [row("cake", 256, 1.0, task="m-each")] + [row("cake", 256, 1.0, task="m-rs")] * 8  # 10 of 11
+    (line,) = multi_fact_check(rows)
+    assert line.startswith("PASS") and "91% of full" in line and "11 cases" in line
+    assert multi_fact_check([r for r in rows if r["method"] != "full"]) == []

@@ -69,6 +69,27 @@ def claim_lines(rows, methods, budgets, versus: str = "cake", metric: str = "sco
     return lines
 
 
+MULTI_FACT_TASKS = ("m-rt", "m-each", "m-rs")
+MULTI_FACT_TARGET = (256, 16384, 0.90)  # issue 23: at B, on prompts of this length, this share of full's exact
+
+
+def multi_fact_check(rows: list[dict], versus: str = "cake", target=MULTI_FACT_TARGET) -> list[str]:
+    """PASS / FAIL: on the held-out genres' multi-fact tasks at (budget, length), `versus`'s exact-answer
+    accuracy is at least the target share of the full cache's; [] when those rows are absent."""
+    budget, length, share = target
+    held = [r for r in split_rows(rows).get("held-out", []) if r["task"] in MULTI_FACT_TASKS and r["length"] == length]
+    mine = [r["exact"] for r in held if r["method"] == versus and r["budget"] == budget and r.get("exact") is not None]
+    full = [r["exact"] for r in held if r["method"] == "full" and r.get("exact") is not None]
+    if not mine or not full:
+        return []
+    a, f = sum(mine) / len(mine), sum(full) / len(full)
+    ratio = a / f if f > 0 else 1.0
+    return [
+        f"{'PASS' if ratio >= share else 'FAIL'} B={budget} at {length} tokens, held-out multi-fact tasks: {versus} "
+        f"{100 * a:.1f}% vs full {100 * f:.1f}% exact ({ratio:.0%} of full; target {share:.0%}; {len(mine)} cases)"
+    ]
+
+
 def survival_rows(rows: list[dict], methods, budgets) -> list[list[str]]:
     """Rows [method, "mean% / whole%" at each budget]: the mean share of the facts' tokens kept over
     layers (and heads), and the share of facts kept whole in every layer (`survival.survival_summary`)."""

@@ -72,7 +72,8 @@ def genres_report(setup: GridSetup, loaded, meta: dict, rows: list[dict], plot, 
         rows, names, budgets, metric="exact"
     )
     survival = genre_report.survival_rows(rows, names, budgets)
-    checks = target_checks(summaries["score"]["held-out"]) if "held-out" in summaries["score"] else []
+    checks = target_checks(summaries["score"]["held-out"], targets=()) if "held-out" in summaries["score"] else []
+    checks = [f"{c} (held-out genres)" for c in checks] + genre_report.multi_fact_check(rows)
     png = plot or (setup.output.with_suffix(".png") if setup.output else None)
     if png and importlib.util.find_spec("matplotlib") is not None:
         draw(all_genres, png, f"{title} · all genres, {len(rows)} answers")

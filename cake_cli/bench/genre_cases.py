@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 
 from cake_cli.bench.facts import FACT_TASKS, genre_facts
-from cake_cli.bench.genres import GENRES, HELD_OUT_GENRES, comment_lines, genre_split, genre_text
+from cake_cli.bench.genres import GENRES, comment_lines, genre_split, genre_text
 from cake_cli.bench.needles import SNAP_CHARS, Facts, haystack_slice, insert_at_depths
 from cake_cli.bench.splits import Case, case_id, needle_depths
 
@@ -58,11 +58,6 @@ SEARCH_GENRE_SUITE = GenreSuite(FACT_TASKS, GENRES, (4096, 8192), (0.25, 0.75), 
 def genre_case_id(genre: str, index: int, depth: float) -> str:
     """The id of a genre case, the same at every length, e.g. "code/d50-n3"."""
     return f"{genre}/{case_id(index, depth)}"
-
-
-def is_held_out(row: dict) -> bool:
-    """Whether a results row is of a held-out genre (its `split`)."""
-    return row.get("split") == "held-out" or row.get("genre") in HELD_OUT_GENRES
 
 
 def _line_start_before(text: str, pos: int) -> int:

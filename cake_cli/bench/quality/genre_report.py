@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from cake_cli.bench.bootstrap import claim, paired_intervals
 from cake_cli.bench.genres import GENRE_SPLITS
-from cake_cli.bench.quality.report import Summary, fmt_score, summarize
+from cake_cli.bench.quality.report import Summary, summarize
 from cake_cli.bench.scoring import GENRE_WEIGHTS
 from cake_cli.bench.survival import survival_by_layer, survival_summary
 
@@ -127,8 +127,3 @@ def markdown_table(head: list[str], body: list[list[str]]) -> str:
     """A GitHub markdown table (first column left-aligned, the others right-aligned)."""
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
-
-
-def overall_line(summary: Summary, method: str, budget: int) -> str:
-    """'method: score' of the overall score at a budget (for one-line digests)."""
-    return f"{method} {fmt_score(summary.get('overall', method, budget))}"

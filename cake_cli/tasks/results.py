@@ -229,6 +229,14 @@ class RunResult(PrefillSummary):
     support: Support | None = None  # qa / needle: located, unsupported or abstained (None: the task cites nothing)
     dropped: Dropped | None = None  # what the middle cut left out (None: the whole document was read)
     sections: tuple[SectionAnswer, ...] = ()  # --long sections: every section (the run's figures add them up)
+    reply: str | None = (
+        None  # qa / needle: the whole reply as streamed (answer + passage); `answer` is the short answer
+    )
+
+    @property
+    def printed(self) -> str:
+        """The answer as the terminal showed it: the whole reply of a cited task, else the answer."""
+        return self.reply if self.reply is not None else self.answer
 
     @property
     def decode_tokens_per_second(self) -> float:

@@ -20,7 +20,7 @@ from cake_cli.engine.families import UnsupportedModelError, attention_layout, su
 from cake_cli.engine.generate import GenerationResult, decode, prefill
 from cake_cli.errors import CakeError
 from cake_cli.models.loader import LoadedModel, load_model
-from cake_cli.tasks.answers.cite import ABSTAINED, find_support
+from cake_cli.tasks.answers.cite import ABSTAIN, ABSTAINED, find_support
 from cake_cli.tasks.answers.completion import DEFAULT_LINES, CodeFilter, filter_code
 from cake_cli.tasks.inputs.documents import page_of_offset, pages_of_range
 from cake_cli.tasks.request import Callbacks, Plan, TaskRequest
@@ -211,10 +211,11 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
                 prep.warnings,
                 "the model produced no code (only prose, fences or blank lines); see raw_answer in --json",
             )
-    support, dropped = None, dropped_part(prep)
+    support, dropped, reply = None, dropped_part(prep), None
     if template.locate:
         scope = dict(text=plan.text, offset=plan.section[0]) if plan.section is not None else {}
         location, support = check_support(answer, plan, cb, prep.warnings, dropped, **scope)
+        reply, answer = answer, (ABSTAIN if support.status == ABSTAINED else support.answer or answer)
     return RunResult(
         **run_summary(prep, result),
         task=request.task,
@@ -234,6 +235,7 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
         raw_answer=raw_answer,
         support=support,
         dropped=dropped,
+        reply=reply,
     )
 
 

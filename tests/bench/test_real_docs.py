@@ -15,8 +15,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+import cake_cli.bench.quality.real as real
 import cake_cli.cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
-from cake_cli.bench.quality.real import RealCase, _row, selected
+from cake_cli.bench.quality.real import RealCase, _row, common_prefix, selected
 from cake_cli.bench.real_docs import (
     QUESTION_TYPES,
     UNANSWERABLE,
@@ -30,6 +31,7 @@ from cake_cli.bench.real_docs import (
 from cake_cli.bench.scoring import real_scores
 from cake_cli.bench.suites import REAL_TASKS, Variant
 from cake_cli.cli.main import app
+from cake_cli.engine.replay import prefix_cache
 from cake_cli.errors import CakeError
 from cake_cli.tasks.answers.cite import parse_cited
 from cake_cli.tasks.inputs.documents import page_of_offset
@@ -279,3 +281,31 @@ def test_page_of_offset_is_the_evidence_page():  # a PDF's evidence names its pa
     doc = read_document(spec)
     q = spec.questions[0]
     assert partial(page_of_offset, doc)(q.evidence.offset) == q.evidence.page >= 1
+
+
+def test_common_prefix_leaves_every_prompt_a_token_of_its_own():
+    assert common_prefix([(1, 2, 3, 4), (1, 2, 3, 5), (1, 2, 9)]) == 2
+    assert common_prefix([(1, 2, 3), (1, 2, 3, 4)]) == 2  # the shorter prompt keeps its last token
+    assert common_prefix([(7, 8), (6, 8)]) == 0
+
+
+def test_questions_sharing_their_document_prefill_answer_as_alone(cli_env):
+    """Sharing the document block's prefill changes nothing in the rows (predictions, scores)."""
+    base = [*TINY_REAL, "--documents", "python-textwrap", "--quick", "--lengths", "600", "--budgets", "32"]
+    base += ["--methods", "full,cake,snapkv"]
+    shared, alone = cli_env / "shared.json", cli_env / "alone.json"
+    made = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(real, "prefix_cache", lambda model, ids: made.append(ids.shape[1]) or prefix_cache(model, ids))
+        assert runner.invoke(app, [*base, "--output", str(shared)]).exit_code == 0
+    assert len(made) == 1 and made[0] > 64  # one prefill of the document block for both questions
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("cake_cli.bench.quality.real.can_share", lambda *a: False)
+        assert runner.invoke(app, [*base, "--output", str(alone)]).exit_code == 0
+    key = lambda r: (r["case_id"], r["method"], r["budget"])  # noqa: E731
+    a = sorted(json.loads(shared.read_text())["rows"], key=key)
+    b = sorted(json.loads(alone.read_text())["rows"], key=key)
+    assert len(a) == len(b) == 2 * 3
+    assert [(r["prediction"], r["score"], r["support"]) for r in a] == [
+        (r["prediction"], r["score"], r["support"]) for r in b
+    ]

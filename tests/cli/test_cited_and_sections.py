@@ -88,6 +88,7 @@ def test_a_cited_passage_is_located_with_its_offset(short_doc, forced):
     assert "location" in streamed.stderr and "characters" in streamed.stderr and "UNSUPPORTED" not in streamed.stderr
     data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json"))
     assert data["support"] == {"status": "located", "answer": "Guido van Rossum", "passage": FOUNDED, "reason": ""}
+    assert data["answer"] == "Guido van Rossum" and data["reply"] == reply  # the short answer; the reply as streamed
     loc = data["location"]
     assert flat(loc["text"]).startswith(FOUNDED[:40]) and abs(loc["start"] - at) < 40
     assert data["dropped"] is None and data["sections"] == []
@@ -115,7 +116,16 @@ def test_an_abstention_is_reported_as_such(short_doc, forced):
     assert result.exit_code == 0 and "abstained" in result.stderr and "UNSUPPORTED" not in result.stderr
     data = as_json(invoke("qa", short_doc, "What is the airspeed of a swallow?", *TINY, "--json"))
     assert data["support"]["status"] == "abstained" and data["location"] is None
+    assert data["answer"] == "not in the document" and data["reply"] == "Answer: not in the document"
     assert not any("unsupported" in w for w in data["warnings"])
+
+
+def test_a_warning_of_several_questions_names_its_question(short_doc, forced):
+    forced('Answer: Ada Lovelace\nPassage: "Ada Lovelace wrote the first Python interpreter in 1843."')
+    result = invoke("qa", short_doc, "Who created Python?", "Who wrote it?", *TINY)
+    assert result.exit_code == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "unsupported answer" in line]
+    assert len(lines) == 2 and "[1/2] unsupported answer" in lines[0] and "[2/2] unsupported answer" in lines[1]
 
 
 def test_needle_may_abstain_too(short_doc, forced):

@@ -30,7 +30,8 @@ from cake_cli.bench.quality.run import Model, recording_accumulates, replay_cell
 from cake_cli.bench.real_docs import OpenDocument, RealQuestion
 from cake_cli.bench.scoring import real_scores
 from cake_cli.bench.suites import REAL_TASKS, REAL_TEMPLATE, CaseResult, RealSuite, Variant, result_key
-from cake_cli.engine.replay import record
+from cake_cli.engine.families import attention_layout
+from cake_cli.engine.replay import prefix_cache, record
 from cake_cli.tasks.answers.cite import ABSTAINED, LOCATED, UNSUPPORTED, find_support
 from cake_cli.tasks.inputs.documents import page_of_offset
 from cake_cli.tasks.request import SECTIONS
@@ -158,8 +159,13 @@ def run_real(
     device = model.model.get_input_embeddings().weight.device
     new_tokens = load_template(REAL_TEMPLATE).max_new_tokens
     rows: list[CaseResult] = []
-    for doc, question, length, cells in pending(documents, suite, variants, budgets, done):
-        case = build_case(model, doc, question, length, suite.long)
+    todo = [(build_case(model, doc, q, length, suite.long), cells) for doc, q, length, cells in pending(
+        documents, suite, variants, budgets, done)]  # fmt: skip
+    order = {doc.spec.id: i for i, doc in enumerate(documents)}
+    todo.sort(key=lambda item: (order[item[0].document.spec.id], item[0].length))  # a document's questions together
+    shared = SharedPrefixes(model, todo, window) if can_share(model, accumulate, suite.long) else None
+    for case, cells in todo:
+        question, length = case.question, case.length
         prompts = case.section_ids if case.sections else (case.input_ids,)
         replies: dict = {}  # (variant name, budget) -> [reply of each section]
         seconds: dict = {}
@@ -169,7 +175,8 @@ def run_real(
             label = f"{question.id} @ {length}" + (f" section {part}/{len(prompts)}" if case.sections else "")
             if on_step:
                 on_step(f"{label}: prefill {ids.shape[1]} tokens")
-            rec = record(model.model, ids, window, accumulate=accumulate)
+            prefix = shared.prefix(case) if shared is not None else None
+            rec = record(model.model, ids, window, accumulate=accumulate, prefix=prefix)
             recorded += rec.seconds
             for variant, budget, _, text, spent, _ in replay_cells(
                 model, ids, rec, cells, configs, new_tokens, label, on_step
@@ -186,6 +193,53 @@ def run_real(
         if on_case:
             on_case(case_rows)
     return rows
+
+
+def can_share(model: Model, accumulate: bool, long: str) -> bool:
+    """Whether the questions of one document can share the prefill of its document block
+    (`engine.replay.record(prefix=...)`): not for H2O (it scores every prompt query), not with
+    sections, not on models with local (sliding-window) layers."""
+    windows = attention_layout(model.model.config).windows
+    return not accumulate and long != SECTIONS and all(w is None for w in windows)
+
+
+class SharedPrefixes:
+    """The full cache of each document's shared prompt prefix (the document block every question's
+    prompt starts with, up to where the prompts first differ), prefilled once and kept while that
+    document's questions run. A middle cut that depends on the question's length ends the shared
+    part early; a document asked once shares nothing."""
+
+    def __init__(self, model: Model, todo: list[tuple[RealCase, list]], window: int):
+        self.model, self.window = model, window
+        self.shared: dict[tuple[str, int], int] = {}  # (document id, length) -> shared tokens
+        groups: dict[tuple[str, int], list[tuple[int, ...]]] = {}
+        for case, _ in todo:
+            groups.setdefault((case.document.spec.id, case.length), []).append(case.input_ids)
+        for key, prompts in groups.items():
+            n = common_prefix(prompts) if len(prompts) > 1 else 0
+            if n > 2 * window:
+                self.shared[key] = n
+        self.key, self.cache = None, None
+
+    def prefix(self, case: RealCase):
+        """The prefilled shared prefix of `case`'s prompt (a `CakeCache`), or None."""
+        key = (case.document.spec.id, case.length)
+        n = self.shared.get(key)
+        if n is None:
+            return None
+        if self.key != key:
+            self.key, self.cache = key, None  # the previous document's cache is freed first
+            device = self.model.model.get_input_embeddings().weight.device
+            self.cache = prefix_cache(self.model.model, torch.tensor([list(case.input_ids[:n])], device=device))
+        return self.cache
+
+
+def common_prefix(prompts: list[tuple[int, ...]]) -> int:
+    """Length of the longest token prefix shared by every prompt (each keeps >= 1 token of its own)."""
+    first, n = prompts[0], min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        n = next((i for i in range(n) if p[i] != first[i]), n)
+    return max(n, 0)
 
 
 def _support(case: RealCase, replies: list[str]) -> tuple[str, Support]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 try:
@@ -90,16 +91,21 @@ def answer_and_report(plans: list[Plan], opts: TaskOptions, progress: StderrProg
             progress.status(f"question {index + 1} of {len(plans)}: {plan.request.fields['question']}")
             if not opts.json_out:
                 sys.stdout.write(("\n" if index else "") + headings[index] + "\n")
-        results.append(answer(compressed, plan, cb))
+        asking = cb
+        if several:  # a warning names its question: "[2/3] unsupported answer: …"
+            asking = replace(
+                cb, on_warning=lambda message, at=index: cb.on_warning(f"[{at + 1}/{len(plans)}] {message}")
+            )
+        results.append(answer(compressed, plan, asking))
         stream.end_line()
     if opts.json_out:
         data = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
         text = json.dumps(data, indent=2) + "\n"
         sys.stdout.write(text)
     elif not several:
-        text = results[0].answer + "\n"
+        text = results[0].printed + "\n"
     else:
-        text = "\n\n".join(f"{heading}\n{r.answer}" for heading, r in zip(headings, results)) + "\n"
+        text = "\n\n".join(f"{heading}\n{r.printed}" for heading, r in zip(headings, results)) + "\n"
     if output is not None:
         write_atomic(output, text, "--output")
     if not opts.json_out and not opts.quiet:
@@ -201,7 +207,7 @@ def _record_turn(turn: int, question: str, result: RunResult, opts: TaskOptions,
         sys.stdout.flush()
         transcript.append(line)
     else:
-        transcript.append(f"Q: {question}\nA: {result.answer}\n")  # a blank line between two turns
+        transcript.append(f"Q: {question}\nA: {result.printed}\n")  # a blank line between two turns
         if not opts.quiet:
             progress.console.print(turn_line(turn, result), soft_wrap=True)
 

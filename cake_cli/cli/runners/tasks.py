@@ -44,7 +44,7 @@ def run_and_report(plans: list[Plan], opts: TaskOptions, progress: StderrProgres
         sys.stdout.write(text)
     else:
         stream.end_line()
-        text = result.answer + "\n"
+        text = result.printed + "\n"
     if output is not None:
         write_atomic(output, text, "--output")
     if not opts.json_out and not opts.quiet:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from cake_cli.tasks.answers.locate import THRESHOLD, content_words, covers, locate, missing_words
+from cake_cli.tasks.answers.locate import THRESHOLD, content_words, covers, locate, missing_numbers, missing_words
 from cake_cli.tasks.results import Location, Support
 
 ABSTAIN = "not in the document"  # what the templates ask the model to write when it does not know
@@ -117,10 +117,12 @@ def find_support(
 ) -> tuple[Location | None, Support, list[str]]:
     """Read `reply` apart and find the passage that backs it in `text`.
 
-    "located": the passage (or, without one, the answer itself) aligns with the text and holds the
-    answer's content words; "unsupported": it does not, or the quoted passage does not hold the
+    "located": the passage (or, without one or when the quote is not found, the answer itself)
+    aligns with the text, holds the answer's content words and every number the answer gives (as
+    often as it gives it); "unsupported": it does not, or the quoted passage does not hold the
     answer's own words, or it lies in `unread` (a part the model never read); "abstained": the
-    reply says the document does not hold the answer.
+    reply says the document does not hold the answer. A located passage is at most a sentence
+    (widened by at most `locate.MAX_WIDEN` characters a side).
 
     Args:
         reply: the generated text.
@@ -140,22 +142,31 @@ def find_support(
     pages = (lambda i: page_of(i + offset)) if page_of else None
     location, score = locate(cited.evidence, text, page_of=pages, query=query)
     notes: list[str] = []
-    if location is not None:
-        start, end, total = location.start + offset, location.end + offset, length or len(text)
-        location = replace(location, start=start, end=end, percent=100.0 * start / total if total else 0.0)
-        extra = missing_words(location.text, content_words(cited.evidence, query))
-        if extra:
-            notes.append(f"the quote differs from the document: {', '.join(extra)} not in the located passage")
-    else:
+    if location is None and cited.passage and cited.answer:
+        # A paraphrased quote around an answer copied from the text: the answer's own words are found.
+        location, score = locate(cited.answer, text, page_of=pages, query=query)
+        if location is not None:
+            notes.append("the quoted passage is not in the document; the answer's own words are, at the location given")
+    if location is None:
         reason = (
             "no passage of the document holds the answer's content (best similarity "
             f"{score:.0f}, at least {THRESHOLD:.0f} needed, and the answer's own words beyond the query): no "
             "location reported"
         )
         return None, Support(UNSUPPORTED, cited.answer, cited.passage, reason), [f"unsupported answer: {reason}"]
+    start, end, total = location.start + offset, location.end + offset, length or len(text)
+    location = replace(location, start=start, end=end, percent=100.0 * start / total if total else 0.0)
+    extra = missing_words(location.text, content_words(cited.evidence, query))
+    if extra and not notes:
+        notes.append(f"the quote differs from the document: {', '.join(extra)} not in the located passage")
     reason = ""
     words = content_words(cited.answer, query) if cited.passage and cited.answer else []
-    if words and not covers(location.text, words) and not covers(cited.passage, words):
+    wrong = missing_numbers(location.text, cited.answer)
+    if wrong:  # the words are near but the figure is not: "until December 1996" where the text says 1997
+        reason = (
+            f"the located passage does not hold the answer's number {', '.join(wrong)} (it reads: {location.text!r})"
+        )
+    elif words and not covers(location.text, words) and not covers(cited.passage, words):
         reason = f"the quoted passage does not hold the answer ({', '.join(missing_words(location.text, words))})"
     elif unread is not None and unread[0] <= location.start < unread[1]:
         reason = "the quoted passage is in the part the middle cut left out: the model did not read it"

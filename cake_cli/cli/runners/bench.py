@@ -7,17 +7,21 @@ import datetime
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
 from rich.markup import escape
 from rich.table import Table
 
+from cake_cli.bench.genre_cases import GenreSuite
+from cake_cli.bench.genres import GENRE_SPLITS
 from cake_cli.bench.quality.plot import plot as draw
 from cake_cli.bench.quality.real import count_steps as count_real_steps
 from cake_cli.bench.quality.real import run_real
 from cake_cli.bench.quality.report import (
     check_resumable,
+    fmt_score,
     load_results,
     of_setting,
     real_target_checks,
@@ -32,12 +36,13 @@ from cake_cli.bench.quality.run import count_steps, expected_taus, run_grid
 from cake_cli.bench.quality.tables import markdown as to_markdown
 from cake_cli.bench.quality.tables import rich_tables
 from cake_cli.bench.real_docs import load_set, open_documents
-from cake_cli.bench.scoring import REAL_WEIGHTS, TASK_WEIGHTS
+from cake_cli.bench.scoring import GENRE_WEIGHTS, REAL_WEIGHTS, TASK_WEIGHTS
 from cake_cli.bench.suites import CASE_DRAW, RealSuite, cell_keys
 from cake_cli.bench.tau_search import choose, write_profile_taus
-from cake_cli.cli.bench_options import GridSetup
+from cake_cli.cli.bench_options import GridSetup, SearchGrid
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.cli.runners.bench_common import command_line, load, machine, progress_bar
+from cake_cli.cli.runners.bench_genres import genres_report, print_survival, profile_table, reference_scores
 from cake_cli.files import write_atomic
 from cake_cli.models.loader import LoadedModel
 from cake_cli.tasks.runner import prompt_limit, stop_token_ids
@@ -63,6 +68,7 @@ def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
             if isinstance(suite, RealSuite)
             else {}
         ),
+        **({"genres": list(suite.genres), "seed": suite.seed} if isinstance(suite, GenreSuite) else {}),
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
@@ -128,11 +134,23 @@ def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, di
             f"[dim]resuming {escape(str(output))}: {len(done)} results kept, {replays} answers in {prefills} "
             "prefills to go[/]"
         )
+    stderr_console().print(
+        f"[dim]cost: {prefills} recorded prefills, {replays} replays (each a greedy decode, shared where two "
+        f"configs keep the same tokens): about {replays / max(prefills, 1):.0f} answers per prefill[/]"
+    )
+    clock = {"start": time.perf_counter(), "cases": 0}
 
     def save(new_rows) -> None:
         rows.extend(rows_as_dicts(new_rows))
         if output:
             save_results(output, {**old_meta, **meta}, rows)
+        clock["cases"] += 1
+        if clock["cases"] == 1 and prefills > 1:  # the first case measures the cost of the rest
+            spent = time.perf_counter() - clock["start"]
+            stderr_console().print(
+                f"[dim]estimate: the first case took {spent:.0f} s; all {prefills} about "
+                f"{spent * prefills / 60:.0f} min[/]"
+            )
 
     with progress_bar() as bar:
         task = bar.add_task(title, total=prefills + replays)
@@ -164,6 +182,7 @@ def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, di
                 done=done,
                 on_case=save,
                 on_step=step,
+                diagnose=setup.diagnose,
             )
     if output:  # also when nothing was left to run: the meta then names the command behind the tables
         save_results(output, {**old_meta, **meta}, rows)
@@ -177,6 +196,9 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
         loaded, meta, rows = run_setup("bench quality", setup, {"taus": taus})
     names, budgets = [v.name for v in setup.variants], list(setup.configs)
     real = isinstance(setup.suite, RealSuite)
+    if isinstance(setup.suite, GenreSuite):
+        genres_report(setup, loaded, meta, rows, plot, markdown)
+        return
     weights = REAL_WEIGHTS if real else TASK_WEIGHTS
     summary = summarize(rows, names, budgets, weights=weights)
     exact = summarize(rows, names, budgets, metric="exact", weights=weights)
@@ -201,6 +223,7 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
         for heading, table in rich_tables(summ, title):
             out.print(f"[bold]{escape(heading)}[/]")
             out.print(table)
+    print_survival(out, rows, names, budgets, title)
     for line in checks:
         out.print(line)
     if png:
@@ -209,26 +232,48 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
         err.print(f"[dim]results: {escape(str(output))}[/]")
 
 
-def tau_search(setup: GridSetup, grid1: list[float], grid2: list[float], write_profile: Path | None) -> None:
-    """`cake bench tau-search` after its options were checked."""
+def tau_search(setup: GridSetup, search: SearchGrid, write_profile: Path | None) -> None:
+    """`cake bench tau-search` after its options were checked (the profile search with --suite genres)."""
+    grid1, grid2 = search.tau1, search.tau2
+    extra = {"tau1_grid": grid1, "tau2_grid": grid2}
+    profile = search.poolings is not None
+    if profile:
+        extra |= {"poolings": [f"{k}{n}" for k, n in search.poolings], "gammas": search.gammas}
+        extra["choose_on"] = search.choose_on
     with using(setup.threads):
-        loaded, meta, rows = run_setup("bench tau-search", setup, {"tau1_grid": grid1, "tau2_grid": grid2})
-    chosen = choose(rows, list(setup.configs))
+        loaded, meta, rows = run_setup("bench tau-search", setup, extra)
     suite = setup.suite
     grid = f"tau1 {{{','.join(f'{t:g}' for t in grid1)}}} x tau2 {{{','.join(f'{t:g}' for t in grid2)}}}"
-    source = (
-        f"cake bench tau-search ({datetime.date.today().isoformat()}): grid {grid}, best weighted score per budget "
-        "on the tune split "
-        f"({', '.join(suite.tasks)}; lengths {','.join(map(str, suite.lengths))}; depths "
-        f"{','.join(f'{d:g}' for d in suite.depths)} x {suite.repeats}; haystack {setup.haystack}), disjoint from the "
-        "eval split"
-    )
+    if profile:
+        on = set(GENRE_SPLITS[search.choose_on]) & set(suite.genres)
+        config = next(iter(setup.configs.values()))
+        current = (config.pool_kind, config.pool_kernel, config.gamma)
+        chosen = choose(rows, list(setup.configs), GENRE_WEIGHTS, lambda r: r.get("genre") in on, current)
+        pools = ",".join(f"{k}{n}" for k, n in search.poolings)
+        grid += f" x pooling {{{pools}}} x gamma {{{','.join(f'{g:g}' for g in search.gammas)}}}"
+        source = (
+            f"cake bench tau-search --suite genres ({datetime.date.today().isoformat()}): grid {grid}, best weighted "
+            f"score summed over budgets on the {search.choose_on} genres ({', '.join(sorted(on))}; tasks "
+            f"{', '.join(suite.tasks)}; lengths {','.join(map(str, suite.lengths))}; depths "
+            f"{','.join(f'{d:g}' for d in suite.depths)} x {suite.repeats}; seed {suite.seed})"
+        )
+    else:
+        chosen = choose(rows, list(setup.configs))
+        source = (
+            f"cake bench tau-search ({datetime.date.today().isoformat()}): grid {grid}, best weighted score per budget "
+            "on the tune split "
+            f"({', '.join(suite.tasks)}; lengths {','.join(map(str, suite.lengths))}; depths "
+            f"{','.join(f'{d:g}' for d in suite.depths)} x {suite.repeats}; haystack {setup.haystack}), disjoint from "
+            "the eval split"
+        )
+    references = reference_scores(rows, list(setup.configs), search) if profile else []
     if write_profile:
         write_profile_taus(write_profile, chosen, source)
     if setup.json_out:
-        sys.stdout.write(
-            json.dumps({"meta": meta, "budgets": [c.to_json() for c in chosen], "tau_source": source}, indent=1) + "\n"
-        )
+        payload = {"meta": meta, "budgets": [c.to_json() for c in chosen], "tau_source": source}
+        if profile:
+            payload["references"] = [dict(zip(("method", "budget", "chosen_on", "other"), r)) for r in references]
+        sys.stdout.write(json.dumps(payload, indent=1) + "\n")
         return
     out = console(stderr=False)
     for c in chosen:
@@ -250,5 +295,12 @@ def tau_search(setup: GridSetup, grid1: list[float], grid2: list[float], write_p
             table.add_row(f"{t1:g}", *cells)
         out.print(table)
         out.print(f"B={c.budget}: best tau1 = {c.best[0]:g}, tau2 = {c.best[1]:g} (score {100 * c.scores[c.best]:.1f})")
+        if c.indicator is not None:
+            out.print(profile_table(c, search.choose_on))
+    for method, budget, mine, other in references:
+        out.print(
+            f"reference B={budget}: {method} {fmt_score(mine)} on the {search.choose_on} genres, "
+            f"{fmt_score(other)} on the others"
+        )
     if write_profile:
         stderr_console().print(f"[dim]wrote the taus into {escape(str(write_profile))}[/]")

@@ -229,7 +229,9 @@ def grid_setup(
     if threads < 0:
         raise UsageError("--threads must be >= 0")
     configs = configs_for(model, window, budgets)
-    return GridSetup(model, dtype, attention, threads, haystack, suite, variants, configs, output, json_out, diagnose)
+    return GridSetup(
+        model, dtype, attention, threads, haystack, suite, variants, configs, output, json_out, diagnose=diagnose
+    )
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ would fit the shapes, but importing it took 10 s here and printed warnings about
 on this torch, and we would still write the 4-bit packing and the float16 rounding that keeps the
 bound. The engine stays torch + transformers only; what is needed here is a few tensor operations.
 
-Only the file is quantized for now: a loaded cache is dequantized to the model's dtype (decoding from
-quantized tensors in memory is a later step).
+A loaded cache keeps these parts in memory (`engine.kvmemory.QuantLayer`: global, non-ragged layers);
+local and ragged layers are dequantized to the model's dtype.
 """
 
 from __future__ import annotations

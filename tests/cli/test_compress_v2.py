@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from cake_cli.engine.continuation import requantized
+from cake_cli.engine.continuation import quantized_in_memory
 from cake_cli.tasks.saved import compress as saved_compress
 from cake_cli.tasks.saved import fileformat as cachefile
 from cake_cli.tasks.saved.fileformat import FORMAT_VERSION
@@ -66,7 +66,7 @@ def test_quantized_files_are_smaller_and_say_so(four, doc, cli_env):
     assert report["file_fraction"] == pytest.approx(report["file_bytes"] / report["kv_bytes_full"])
     text = invoke("compress", doc, "-o", cli_env / "t.cake", *TINY, "-b", "64", "--scoring", "end", "--kv-bits", "4")
     assert text.exit_code == 0 and text.stdout == ""
-    assert "4 bits, groups of 32" in text.stderr and "dequantized when loaded" in text.stderr
+    assert "4 bits, groups of 32" in text.stderr and "keeps its global layers quantized" in text.stderr
     assert "on disk" in text.stderr and "full cache" in text.stderr
 
 
@@ -74,8 +74,8 @@ def test_4bit_file_answers_as_the_cache_quantized_in_process(four, doc, monkeypa
     path, _ = four
     engine_compress = saved_compress.compress_prefix
 
-    def quantized_here(*args, **kwargs):  # the chat's in-process compression, quantized and dequantized in memory
-        return requantized(engine_compress(*args, **kwargs), 4, 32, recent=8)
+    def quantized_here(*args, **kwargs):  # the chat's in-process compression, held quantized in memory
+        return quantized_in_memory(engine_compress(*args, **kwargs), 4, 32, recent=8)
 
     piped = "\n".join(QUESTIONS) + "\n"
     with monkeypatch.context() as patch:

@@ -50,8 +50,8 @@ KvBits = Annotated[
         metavar="|".join(map(str, KV_BITS)),
         help="Bits per key/value in the .cake file: 16 = the model's dtype; 8 or 4 = grouped affine quantization "
         "(KIVI: keys per channel, values per token, groups of 32, the observation window kept exact). The file "
-        "shrinks; a loaded file is dequantized, so memory while answering is the 16-bit size (quantized "
-        "decoding in memory is a later step).",
+        "shrinks, and so does memory while answering: a loaded file keeps its global layers quantized "
+        "(local sliding-window layers and per-head-length layers are dequantized).",
     ),
 ]
 

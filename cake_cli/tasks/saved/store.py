@@ -182,7 +182,7 @@ def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compress
         group = meta.kv_group or DEFAULT_KV_GROUP
         n = len(meta.prefix_ids)
         cache = cache_from_tensors(
-            tensors, config.num_hidden_layers, n, loaded.device, windows, bits=meta.kv_bits, group=group
+            tensors, config.num_hidden_layers, n, loaded.device, windows, bits=meta.kv_bits, group=group, in_memory=True
         )
     except DamagedTensorError as exc:
         raise CakeError(f"{saved.name} is damaged ({exc})", again.replace("with this model: ", "")) from None

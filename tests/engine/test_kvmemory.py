@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from cake_cli.engine import kvquant
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.continuation import (
@@ -135,3 +136,23 @@ def test_memory_bytes_are_the_held_tensors_and_below_the_full_precision_size(mod
     assert held.kv_bytes < state.kv_bytes == requantized(state, bits, GROUP, recent=WINDOW).kv_bytes
     cont, plain = (extend(model, x, ids(8, 5)) for x in (held, requantized(state, bits, GROUP, recent=WINDOW)))
     assert cont.kv_bytes == sum(expected_bytes(x, bits) for x in cont.cache.layers) < plain.kv_bytes
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize(("group", "dim", "length"), [(32, 64, 2600), (7, 12, 1500), (8, 5, 40)])
+def test_blockwise_dequantization_is_bit_for_bit_the_files(bits, group, dim, length):
+    gen = torch.Generator().manual_seed(group + dim)
+    k, v = (torch.randn(3, length, dim, generator=gen).to(torch.bfloat16) * 3 for _ in range(2))
+    parts = {kind: kvquant.quantize_entry(x, kind, bits, group, 5) for kind, x in (("keys", k), ("values", v))}
+    positions = torch.arange(length).expand(3, length)
+    layer = QuantLayer.from_parts({kind: dict(p) for kind, p in parts.items()}, positions, length, bits, group)
+    want = [kvquant.dequantize_entry(parts[kind], kind, bits, group, dim) for kind in ("keys", "values")]
+    got = layer.whole()
+    assert all(torch.equal(a[0], b) for a, b in zip(got, want))
+    keep = torch.stack([torch.randperm(length, generator=gen)[: length // 2].sort().values for _ in range(3)])
+    keep[:, -1] = length - 1  # every head keeps the newest (residual) slot
+    layer.keep(keep)
+    index = keep.unsqueeze(-1).expand(-1, -1, dim)
+    got = layer.whole()
+    assert all(torch.equal(a[0], b.gather(1, index)) for a, b in zip(got, want))
+    assert layer.group_of is not None or layer.quantized() == 0

@@ -308,7 +308,8 @@ def cache_tensors(
     out = {}
     index_type = torch.int16 if cache.layers[0].seen <= torch.iinfo(torch.int16).max else torch.int32
     for i, layer in enumerate(cache.layers):
-        for kind, x in (("keys", layer.keys[0]), ("values", layer.values[0])):
+        held = layer.whole() if isinstance(layer, QuantLayer) else (layer.keys, layer.values)  # dequantized
+        for kind, x in zip(("keys", "values"), (held[0][0], held[1][0])):
             x = x.contiguous().cpu()  # [H_kv, len_i, d]
             if bits == 16:
                 out[f"{kind}.{i}"] = x

@@ -156,3 +156,13 @@ def test_blockwise_dequantization_is_bit_for_bit_the_files(bits, group, dim, len
     got = layer.whole()
     assert all(torch.equal(a[0], b.gather(1, index)) for a, b in zip(got, want))
     assert layer.group_of is not None or layer.quantized() == 0
+
+
+def test_a_cache_held_quantized_saves_as_the_dequantized_one(models):
+    model = models["llama"]
+    use_cake_attention(model, "sdpa")
+    state = prefill(model, ids(9, 60), CakeConfig(budget=30, window=WINDOW))
+    held, reference = (f(state, 4, GROUP, recent=WINDOW) for f in (quantized_in_memory, requantized))
+    for bits in (16, 4):
+        a, b = (cache_tensors(x.cache, bits, GROUP, WINDOW) for x in (held, reference))
+        assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)

@@ -36,9 +36,9 @@ from __future__ import annotations
 import torch
 
 from cake_cli.engine.cache import CakeLayer
+from cake_cli.engine.kvquant import dequantize_keys, dequantize_values
 
 KINDS = ("keys", "values")
-BLOCK = 1024  # tokens dequantized at a time: float32 temporaries of ~1 MiB at 2 KV heads, d = 64
 
 
 def quantizable(layer: CakeLayer) -> bool:
@@ -169,70 +169,3 @@ class QuantLayer(CakeLayer):
         held = [t for entry in self.parts.values() for t in entry.values()] + [self.keys, self.values]
         held += [] if self.group_of is None else [self.group_of]
         return sum(t.numel() * t.element_size() for t in held)
-
-
-def codes_float(packed: torch.Tensor, bits: int, width: int) -> torch.Tensor:
-    """`kvquant.unpack` as float32: [.., ceil(width · bits / 8)] uint8 -> [.., width] float32 codes (4 bits: the
-    low and high nibbles written straight into the even and odd channels, no uint8 intermediate)."""
-    if bits == 8:
-        return packed.float()
-    out = torch.empty(*packed.shape[:-1], 2 * packed.shape[-1], dtype=torch.float32, device=packed.device)
-    out[..., 0::2].copy_(packed & 0x0F)
-    out[..., 1::2].copy_(packed >> 4)
-    return out[..., :width]
-
-
-def _block(group: int) -> int:
-    """Tokens per dequantization block: about `BLOCK`, a multiple of the key group G (blocks hold whole groups)."""
-    return max(group, BLOCK // group * group)
-
-
-def dequantize_keys(
-    out: torch.Tensor, parts: dict[str, torch.Tensor], bits: int, group: int, group_of: torch.Tensor | None
-) -> None:
-    """out [H_kv, m, d] (model dtype) <- codes · scale + zero, per channel and key group, in float32 then the
-    dtype: `kvquant.dequantize`'s arithmetic (a product, then a sum, both rounded to float32), bit for bit.
-
-    Args:
-        parts: "codes" [H_kv, m, ceil(d · bits / 8)] uint8 (packed), "scale" / "zero" [H_kv, groups, d] float16.
-        group_of: [H_kv, m] int32 each slot's group, or None (slot i in group i // G).
-    """
-    heads, m, d = out.shape
-    scale, zero = parts["scale"], parts["zero"]
-    step = _block(group)
-    for a in range(0, m, step):
-        b = min(a + step, m)
-        c = codes_float(parts["codes"][:, a:b], bits, d)  # [H_kv, n, d]
-        if group_of is None:  # whole groups as [H_kv, groups, G, d], then a shorter last one
-            first, whole = a // group, (b - a) // group
-            if whole:
-                body = c[:, : whole * group].unflatten(1, (whole, group))  # a view of c
-                body.mul_(scale[:, first : first + whole, None]).add_(zero[:, first : first + whole, None])
-            if whole * group < b - a:
-                c[:, whole * group :].mul_(scale[:, first + whole, None]).add_(zero[:, first + whole, None])
-        else:  # after an eviction: each slot's own group, looked up in float16 (exact in float32)
-            rows = group_of[:, a:b].long() + torch.arange(heads, device=c.device).unsqueeze(1) * scale.shape[1]
-            rows = rows.flatten()  # [H_kv · n] rows of the flattened [H_kv · groups, d] scales
-            c.mul_(scale.flatten(0, 1).index_select(0, rows).view(c.shape))
-            c.add_(zero.flatten(0, 1).index_select(0, rows).view(c.shape))
-        out[:, a:b].copy_(c)
-
-
-def dequantize_values(out: torch.Tensor, parts: dict[str, torch.Tensor], bits: int, group: int) -> None:
-    """out [H_kv, m, d] (model dtype) <- codes · scale + zero per token and channel group (as `dequantize_keys`).
-
-    Args:
-        parts: "codes" [H_kv, m, ceil(d · bits / 8)] uint8 (packed), "scale" / "zero" [H_kv, m, ceil(d / G)] float16.
-    """
-    heads, m, d = out.shape
-    scale, zero = parts["scale"], parts["zero"]
-    whole = d // group  # whole channel groups; a shorter last one when G does not divide d
-    for a in range(0, m, BLOCK):
-        b = min(a + BLOCK, m)
-        c = codes_float(parts["codes"][:, a:b], bits, d)  # [H_kv, n, d]
-        if whole:
-            body = c[..., : whole * group].unflatten(2, (whole, group))  # [H_kv, n, groups, G]
-            body.mul_(scale[:, a:b, :whole, None]).add_(zero[:, a:b, :whole, None])
-        if whole * group < d:
-            c[..., whole * group :].mul_(scale[:, a:b, whole:]).add_(zero[:, a:b, whole:])
-        out[:, a:b].copy_(c)

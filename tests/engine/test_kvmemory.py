@@ -26,7 +26,7 @@ from cake_cli.engine.continuation import (
     requantized,
 )
 from cake_cli.engine.generate import decode, prefill
-from cake_cli.engine.kvmemory import QuantLayer
+from cake_cli.engine.kvmemory import KINDS, QuantLayer
 from tests.helpers.models import tiny_family, tiny_llama
 
 GROUP, WINDOW = 8, 6
@@ -138,6 +138,13 @@ def test_memory_bytes_are_the_held_tensors_and_below_the_full_precision_size(mod
     assert cont.kv_bytes == sum(expected_bytes(x, bits) for x in cont.cache.layers) < plain.kv_bytes
 
 
+def reference_dequantized(parts, kind, bits, group, dim) -> torch.Tensor:
+    """The slow, obviously correct path: unpack, `kvquant.dequantize` (scales repeated), dtype, recent tokens."""
+    axis = -2 if kind == "keys" else -1
+    old = kvquant.dequantize(kvquant.unpack(parts["codes"], bits, dim), parts["scale"], parts["zero"], axis, group)
+    return torch.cat([old.to(parts["recent"].dtype), parts["recent"]], dim=1)
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize(("group", "dim", "length"), [(32, 64, 2600), (7, 12, 1500), (8, 5, 40)])
 def test_blockwise_dequantization_is_bit_for_bit_the_files(bits, group, dim, length):
@@ -146,7 +153,8 @@ def test_blockwise_dequantization_is_bit_for_bit_the_files(bits, group, dim, len
     parts = {kind: kvquant.quantize_entry(x, kind, bits, group, 5) for kind, x in (("keys", k), ("values", v))}
     positions = torch.arange(length).expand(3, length)
     layer = QuantLayer.from_parts({kind: dict(p) for kind, p in parts.items()}, positions, length, bits, group)
-    want = [kvquant.dequantize_entry(parts[kind], kind, bits, group, dim) for kind in ("keys", "values")]
+    want = [reference_dequantized(parts[kind], kind, bits, group, dim) for kind in ("keys", "values")]
+    assert all(torch.equal(kvquant.dequantize_entry(parts[k], k, bits, group, dim), w) for k, w in zip(KINDS, want))
     got = layer.whole()
     assert all(torch.equal(a[0], b) for a, b in zip(got, want))
     keep = torch.stack([torch.randperm(length, generator=gen)[: length // 2].sort().values for _ in range(3)])

@@ -18,13 +18,13 @@ float32 arithmetic, bit for bit).
 
 **Where we differ from KIVI.** (1) Tokens added after loading are not quantized in groups of R as the
 residual fills (KIVI's streaming step): an answer is short next to the document, so they stay in full
-precision. (2) Eviction (the `fixed` decode policy, H2O's accumulation included) removes slots
-physically (`keep`): a value row leaves with its scale and zero; a key keeps its per-channel group's
-scale and zero, so each slot remembers its group (`group_of` [H_kv, m] int32, made at the first eviction
-from the quantized slots; a group may shrink, its scale stays). When the KV heads of a layer drop
-different numbers of quantized slots, the extra quantized slots of the heads that kept more move to the
-residual as their dequantized values (exact: the values a dequantized cache holds), at most H_kv - 1
-slots per step.
+precision. (2) Eviction (the `fixed` decode policy, a question's CAKE eviction of a prefix kept whole,
+H2O's accumulation) removes slots physically (`keep`): a value row leaves with its scale and zero; a key
+keeps its per-channel group's scale and zero, so each slot remembers its group (`group_of` [H_kv, m]
+int32, made at the first eviction from the quantized slots; a group's scale and zero stay until no KV head
+holds one of its slots). When the KV heads of a layer drop different numbers of quantized slots, the extra
+quantized slots of the heads that kept more move to the residual as their dequantized values (exact: the
+values a dequantized cache holds), at most H_kv - 1 slots per step.
 
 **Not quantized in memory** (held in the model's dtype, as a loaded file was before): local
 (sliding-window) layers, which hold at most window - 1 tokens, and layers whose KV heads hold different
@@ -149,11 +149,19 @@ class QuantLayer(CakeLayer):
 
     def _keep_quantized(self, index: torch.Tensor) -> None:
         """Keep the quantized slots `index` [H_kv, m'] (ascending): codes and value scales/zeros gathered by
-        row; key scales/zeros stay, `group_of` remembers each kept slot's group."""
+        row; key scales/zeros stay while some head keeps a slot of their group (dropped, and `group_of`
+        renumbered, once none does), `group_of` remembers each kept slot's group."""
         heads, m = self.parts["keys"]["codes"].shape[:2]
         if self.group_of is None:
             self.group_of = (torch.arange(m, device=index.device) // self.group).to(torch.int32).expand(heads, m)
         self.group_of = self.group_of.gather(1, index).contiguous()
+        used = torch.zeros(self.parts["keys"]["scale"].shape[1], dtype=torch.bool, device=index.device)
+        used[self.group_of.flatten().long()] = True  # [groups] some head still holds a slot of the group
+        if not bool(used.all()):
+            self.group_of = (used.cumsum(0) - 1)[self.group_of.long()].to(torch.int32)  # the kept groups' new ids
+            kept = used.nonzero().squeeze(1)
+            for name in ("scale", "zero"):
+                self.parts["keys"][name] = self.parts["keys"][name].index_select(1, kept)  # [H_kv, groups', d]
         rows = ["codes"], ["codes", "scale", "zero"]
         for kind, names in zip(KINDS, rows):
             for name in names:

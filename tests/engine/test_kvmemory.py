@@ -164,6 +164,15 @@ def test_blockwise_dequantization_is_bit_for_bit_the_files(bits, group, dim, len
     got = layer.whole()
     assert all(torch.equal(a[0], b.gather(1, index)) for a, b in zip(got, want))
     assert layer.group_of is not None or layer.quantized() == 0
+    survivors = keep[:, : keep.shape[1] // 3]  # groups emptied in every head lose their scales and zeros
+    before = layer.parts["keys"]["scale"].shape[1]
+    layer.keep(torch.cat([torch.arange(survivors.shape[1]).expand(3, -1), torch.full((3, 1), keep.shape[1] - 1)], 1))
+    got = layer.whole()
+    kept = survivors.unsqueeze(-1).expand(-1, -1, dim)
+    assert all(torch.equal(a[0][:, :-1], b.gather(1, kept)) for a, b in zip(got, want))
+    assert int(survivors.max()) < length - 5, "every survivor is a quantized slot"
+    groups = len(set(survivors.div(group, rounding_mode="floor").flatten().tolist()))  # distinct original groups
+    assert layer.parts["keys"]["scale"].shape[1] == groups <= before
 
 
 def test_a_cache_held_quantized_saves_as_the_dequantized_one(models):

@@ -10,11 +10,11 @@ token added since (the question, the answer). Slots 0 .. m-1 are quantized, m ..
 positions [H_kv, m + r] cover both, and slots stay in position order.
 
 **Attention.** `update` returns the layer's whole keys and values [1, H_kv, m + r, d] in the model's dtype,
-the quantized slots dequantized for this one call (a transient of one layer, dropped once it has
-attended; `CakeCache.track_peak` counts it). So every attention backend (eager, SDPA, flash_attention_2,
-the CPU single-query path), mask and decode policy runs unchanged, and the keys and values it sees equal
-those of the same quantized cache dequantized to full tensors once (`kvquant.dequantize_entry`: the same
-float32 arithmetic, bit for bit).
+the quantized slots dequantized for this one call, a block at a time (a transient of one layer, dropped
+once it has attended; `CakeCache.track_peak` counts it). So every attention backend (eager, SDPA, the CPU
+single-query path; flash_attention_2 gets the same tensors, not run in the tests: no GPU), mask and
+decode policy runs unchanged, and the keys and values it sees equal those of the same quantized cache
+dequantized to full tensors once (`kvquant.dequantize_entry`: the same float32 arithmetic, bit for bit).
 
 **Where we differ from KIVI.** (1) Tokens added after loading are not quantized in groups of R as the
 residual fills (KIVI's streaming step): an answer is short next to the document, so they stay in full

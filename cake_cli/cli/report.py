@@ -289,7 +289,7 @@ def _rows(scoring: str | None) -> str:
 def _bytes_text(r: CompressResult) -> str:
     """On disk, in memory once loaded, and the full cache's, with the KV bits."""
     bits = "16 bits (the model's dtype)" if r.kv_bits == 16 else f"{r.kv_bits} bits, groups of {r.kv_group}"
-    memory = "" if r.kv_bits == 16 else " (dequantized when loaded)"
+    memory = "" if r.kv_bits == 16 else " while compressing (a loaded file keeps its global layers quantized)"
     return (
         f"on disk {human_bytes(r.file_bytes)} (keys and values {human_bytes(r.kv_bytes_file)} at {bits}) · "
         f"in memory {human_bytes(r.kv_bytes_kept)}{memory} · full cache {human_bytes(r.kv_bytes_full)} "

@@ -8,7 +8,8 @@ Public API (loaded lazily, so `import cake_cli.engine.methods` stays free of tor
 - running: `prefill`, `decode`, `generate` -> `GenerationResult`; `record` / `replay` for grids
 - a compressed prefix continued many times: `extend`, `continue_and_decode`; the cache as flat
   tensors for a file: `cache_tensors`, `cache_from_tensors` (16, 8 or 4 bits, `KV_BITS`), and
-  `requantized` (module `continuation`); question-agnostic compression by reconstruction:
+  `requantized`, `quantized_in_memory` (module `continuation`; held quantized: `QuantLayer`, module
+  `kvmemory`); question-agnostic compression by reconstruction:
   `compress_by_reconstruction`, `reconstruction_scores` (module `reconstruct`)
 - registries: `METHODS` (with `resolve`, `with_method`), `ALLOCATIONS`, `INDICATORS`
 - the cache: `CakeCache`, `NonFiniteError`
@@ -39,6 +40,8 @@ _EXPORTS = {
     "cache_tensors": "continuation",
     "cache_from_tensors": "continuation",
     "requantized": "continuation",
+    "quantized_in_memory": "continuation",
+    "QuantLayer": "kvmemory",
     "KV_BITS": "config",
     "compress_by_reconstruction": "reconstruct",
     "reconstruction_scores": "reconstruct",

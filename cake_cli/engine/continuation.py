@@ -32,6 +32,7 @@ from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import GenerationResult, Prefilled, decode, forward_step, prefill, sync_device
 from cake_cli.engine.headlengths import check_padding, set_padding
 from cake_cli.engine.indicators import accumulates
+from cake_cli.engine.kvmemory import QuantLayer, quantizable
 from cake_cli.engine.kvquant import (
     DEFAULT_GROUP,
     PARTS,
@@ -73,9 +74,12 @@ def clone_cache(cache: CakeCache) -> CakeCache:
         ValueError: a layer has a released slot (copy caches right after prefill or loading).
     """
     out = CakeCache(len(cache.layers), windows=cache.windows)  # local layers stay sliding
-    for src, dst in zip(cache.layers, out.layers):
+    for i, (src, dst) in enumerate(zip(cache.layers, out.layers)):
         if src.free is not None:
             raise ValueError("cannot copy a cache with a released slot; copy it before decoding")
+        if isinstance(src, QuantLayer):  # held quantized in memory (`engine.kvmemory`)
+            out.layers[i] = src.copy()
+            continue
         dst.lazy_initialization(src.keys, src.values)
         dst.keys, dst.values = src.keys.clone(), src.values.clone()  # [1, H_kv, len, d]
         dst.positions, dst.seen = src.positions.clone(), src.seen  # [H_kv, len]
@@ -304,7 +308,8 @@ def cache_tensors(
     out = {}
     index_type = torch.int16 if cache.layers[0].seen <= torch.iinfo(torch.int16).max else torch.int32
     for i, layer in enumerate(cache.layers):
-        for kind, x in (("keys", layer.keys[0]), ("values", layer.values[0])):
+        held = layer.whole() if isinstance(layer, QuantLayer) else (layer.keys, layer.values)  # dequantized
+        for kind, x in zip(("keys", "values"), (held[0][0], held[1][0])):
             x = x.contiguous().cpu()  # [H_kv, len_i, d]
             if bits == 16:
                 out[f"{kind}.{i}"] = x
@@ -351,9 +356,11 @@ def cache_from_tensors(
     *,
     bits: int = 16,
     group: int = DEFAULT_GROUP,
+    in_memory: bool = False,
 ) -> CakeCache:
     """Rebuild a cache from `cache_tensors` output (made with these `bits` and `group`; quantized tensors
-    are dequantized to the model's dtype): the next token goes to position `seen`; `windows` as for
+    are dequantized to the model's dtype, or with `in_memory` held quantized, global non-ragged layers
+    as `kvmemory.QuantLayer`s whose parts are the file's): the next token goes to position `seen`; `windows` as for
     `CakeCache` (local layers keep their native sliding window); a layer with `scores.i` accumulates
     H2O's attention from them on.
 
@@ -388,12 +395,26 @@ def cache_from_tensors(
             if scores.shape != positions.shape or scores.dtype != torch.float32 or layer.window is not None:
                 raise ValueError(f"layer {i}: scores {tuple(scores.shape)} {scores.dtype} do not fit its positions")
             layer.accumulates, layer.scores = True, scores.to(device)
+        if in_memory and bits != 16 and quantizable(layer):
+            cache.layers[i] = _held_quantized(tensors, i, layer, bits, group, device)
     return cache
 
 
-def requantized(state: Prefilled, bits: int, group: int = DEFAULT_GROUP, recent: int = 0) -> Prefilled:
+def _held_quantized(tensors: dict[str, torch.Tensor], i: int, layer, bits: int, group: int, device) -> QuantLayer:
+    """Layer i as a `kvmemory.QuantLayer` made of the file's parts (already checked by `_layer_kv`), on `device`."""
+    parts = {kind: {p: tensors[f"{kind}.{i}.{p}"].to(device) for p in PARTS} for kind in ("keys", "values")}
+    out = QuantLayer.from_parts(parts, layer.positions, layer.seen, bits, group)
+    out.accumulates, out.scores = layer.accumulates, layer.scores
+    return out
+
+
+def requantized(
+    state: Prefilled, bits: int, group: int = DEFAULT_GROUP, recent: int = 0, *, in_memory: bool = False
+) -> Prefilled:
     """The state as a .cake file of `bits` would give it back: its cache quantized and dequantized in
-    process (`cache_tensors` then `cache_from_tensors`, no file); bits 16 returns `state` itself.
+    process (`cache_tensors` then `cache_from_tensors`, no file), or with `in_memory` held quantized
+    (`kvmemory.QuantLayer`, as a file loaded with `in_memory`); bits 16 returns `state` itself. `kv_bytes`
+    is measured from the tensors now held.
 
     Raises:
         ValueError: see `cache_tensors`.
@@ -403,7 +424,13 @@ def requantized(state: Prefilled, bits: int, group: int = DEFAULT_GROUP, recent:
     src = state.cache
     cache = cache_from_tensors(
         cache_tensors(src, bits, group, recent), len(src.layers), src.layers[0].seen,
-        src.layers[0].keys.device, src.windows, bits=bits, group=group,
+        src.layers[0].keys.device, src.windows, bits=bits, group=group, in_memory=in_memory,
     )  # fmt: skip
     cache.full_bytes = src.full_bytes
     return replace(state, cache=cache, lengths=cache.lengths(), kv_bytes=cache.kv_bytes())
+
+
+def quantized_in_memory(state: Prefilled, bits: int, group: int = DEFAULT_GROUP, recent: int = 0) -> Prefilled:
+    """`requantized` with `in_memory`: global, non-ragged layers held quantized (`engine.kvmemory`), the others
+    as the file gives them back (dequantized); so it answers exactly as the .cake file of `bits` loaded."""
+    return requantized(state, bits, group, recent, in_memory=True)

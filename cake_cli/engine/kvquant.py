@@ -24,8 +24,8 @@ would fit the shapes, but importing it took 10 s here and printed warnings about
 on this torch, and we would still write the 4-bit packing and the float16 rounding that keeps the
 bound. The engine stays torch + transformers only; what is needed here is a few tensor operations.
 
-Only the file is quantized for now: a loaded cache is dequantized to the model's dtype (decoding from
-quantized tensors in memory is a later step).
+A loaded cache keeps these parts in memory (`engine.kvmemory.QuantLayer`: global, non-ragged layers);
+local and ragged layers are dequantized to the model's dtype.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import torch
 from cake_cli.engine.config import DEFAULT_KV_GROUP, KV_BITS
 
 DEFAULT_GROUP = DEFAULT_KV_GROUP  # entries per group (KIVI's size; the file records the one used)
+BLOCK = 1024  # tokens dequantized at a time (`dequantize_keys`): float32 temporaries of ~1 MiB at 2 KV heads, d = 64
 PARTS = ("codes", "scale", "zero", "recent")  # tensors of one quantized keys / values entry, `<name>.<part>`
 _F16_MAX = float(torch.finfo(torch.float16).max)
 
@@ -127,7 +128,9 @@ def quantize(x: torch.Tensor, bits: int, dim: int, group: int) -> tuple[torch.Te
 
 
 def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dim: int, group: int) -> torch.Tensor:
-    """codes · scale + zero in float32, each group's scale and zero repeated over its G entries along `dim`.
+    """codes · scale + zero in float32, each group's scale and zero repeated over its G entries along `dim`: the
+    plain definition (the tests' reference); `dequantize_keys` / `dequantize_values` compute the same, bit for bit,
+    a block at a time without the repeated copies (what loading and decoding use).
 
     Args:
         codes: [H_kv, m, d] uint8 (unpacked); scale, zero: as `quantize` returns them.
@@ -186,7 +189,6 @@ def dequantize_entry(parts: dict[str, torch.Tensor], kind: str, bits: int, group
     """
     codes, scale, zero, recent = (parts[p] for p in PARTS)
     heads, m = codes.shape[0], codes.shape[1] if codes.dim() == 3 else -1
-    dim = -2 if kind == "keys" else -1
     groups = (heads, -(-m // group), width) if kind == "keys" else (heads, m, -(-width // group))
     if codes.dtype != torch.uint8 or codes.shape[-1] != -(-width * bits // 8) or m < 0:
         raise ValueError(f"{kind} codes of shape {tuple(codes.shape)} and dtype {codes.dtype} do not fit")
@@ -197,10 +199,79 @@ def dequantize_entry(parts: dict[str, torch.Tensor], kind: str, bits: int, group
             raise ValueError(f"{kind} {name}s of shape {tuple(t.shape)} ({t.dtype}) do not fit {groups}")
     if not bool(torch.isfinite(scale).all() and (scale > 0).all() and torch.isfinite(zero).all()):
         raise DamagedTensorError(f"{kind}: quantization scales or zeros are damaged (non-finite or not positive)")
-    old = dequantize(unpack(codes, bits, width), scale, zero, dim, group)  # [H_kv, len - r, d] float32
-    return torch.cat([old.to(recent.dtype), recent], dim=1)  # [H_kv, len, d]
+    out = recent.new_empty(heads, m + recent.shape[1], width)  # [H_kv, len, d]
+    (dequantize_keys if kind == "keys" else dequantize_values)(out[:, :m], parts, bits, group)  # = `dequantize`
+    out[:, m:].copy_(recent)
+    return out
 
 
 def quantized_bytes(parts: dict[str, torch.Tensor]) -> int:
     """Bytes of one entry's file tensors."""
     return sum(t.numel() * t.element_size() for t in parts.values())
+
+
+def codes_float(packed: torch.Tensor, bits: int, width: int) -> torch.Tensor:
+    """`kvquant.unpack` as float32: [.., ceil(width · bits / 8)] uint8 -> [.., width] float32 codes (4 bits: the
+    low and high nibbles written straight into the even and odd channels, no uint8 intermediate)."""
+    if bits == 8:
+        return packed.float()
+    out = torch.empty(*packed.shape[:-1], 2 * packed.shape[-1], dtype=torch.float32, device=packed.device)
+    out[..., 0::2].copy_(packed & 0x0F)
+    out[..., 1::2].copy_(packed >> 4)
+    return out[..., :width]
+
+
+def _block(group: int) -> int:
+    """Tokens per dequantization block: about `BLOCK`, a multiple of the key group G (blocks hold whole groups)."""
+    return max(group, BLOCK // group * group)
+
+
+def dequantize_keys(
+    out: torch.Tensor, parts: dict[str, torch.Tensor], bits: int, group: int, group_of: torch.Tensor | None = None
+) -> None:
+    """out [H_kv, m, d] (model dtype) <- codes · scale + zero, per channel and key group, in float32 then the
+    dtype: `kvquant.dequantize`'s arithmetic (a product, then a sum, both rounded to float32), bit for bit.
+
+    Args:
+        parts: "codes" [H_kv, m, ceil(d · bits / 8)] uint8 (packed), "scale" / "zero" [H_kv, groups, d] float16.
+        group_of: [H_kv, m] int32 each slot's group, or None (slot i in group i // G).
+    """
+    heads, m, d = out.shape
+    scale, zero = parts["scale"], parts["zero"]
+    step = _block(group)
+    for a in range(0, m, step):
+        b = min(a + step, m)
+        c = codes_float(parts["codes"][:, a:b], bits, d)  # [H_kv, n, d]
+        if group_of is None:  # whole groups as [H_kv, groups, G, d], then a shorter last one
+            first, whole = a // group, (b - a) // group
+            if whole:
+                body = c[:, : whole * group].unflatten(1, (whole, group))  # a view of c
+                body.mul_(scale[:, first : first + whole, None]).add_(zero[:, first : first + whole, None])
+            if whole * group < b - a:
+                c[:, whole * group :].mul_(scale[:, first + whole, None]).add_(zero[:, first + whole, None])
+        else:  # after an eviction: each slot's own group, looked up in float16 (exact in float32)
+            rows = group_of[:, a:b].long() + torch.arange(heads, device=c.device).unsqueeze(1) * scale.shape[1]
+            rows = rows.flatten()  # [H_kv · n] rows of the flattened [H_kv · groups, d] scales
+            c.mul_(scale.flatten(0, 1).index_select(0, rows).view(c.shape))
+            c.add_(zero.flatten(0, 1).index_select(0, rows).view(c.shape))
+        out[:, a:b].copy_(c)
+
+
+def dequantize_values(out: torch.Tensor, parts: dict[str, torch.Tensor], bits: int, group: int) -> None:
+    """out [H_kv, m, d] (model dtype) <- codes · scale + zero per token and channel group (as `dequantize_keys`).
+
+    Args:
+        parts: "codes" [H_kv, m, ceil(d · bits / 8)] uint8 (packed), "scale" / "zero" [H_kv, m, ceil(d / G)] float16.
+    """
+    heads, m, d = out.shape
+    scale, zero = parts["scale"], parts["zero"]
+    whole = d // group  # whole channel groups; a shorter last one when G does not divide d
+    for a in range(0, m, BLOCK):
+        b = min(a + BLOCK, m)
+        c = codes_float(parts["codes"][:, a:b], bits, d)  # [H_kv, n, d]
+        if whole:
+            body = c[..., : whole * group].unflatten(2, (whole, group))  # [H_kv, n, groups, G]
+            body.mul_(scale[:, a:b, :whole, None]).add_(zero[:, a:b, :whole, None])
+        if whole * group < d:
+            c[..., whole * group :].mul_(scale[:, a:b, whole:]).add_(zero[:, a:b, whole:])
+        out[:, a:b].copy_(c)

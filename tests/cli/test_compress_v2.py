@@ -12,8 +12,6 @@ import pytest
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from cake_cli.engine.continuation import requantized
-from cake_cli.tasks.saved import compress as saved_compress
 from cake_cli.tasks.saved import fileformat as cachefile
 from cake_cli.tasks.saved.fileformat import FORMAT_VERSION
 from tests.helpers.cli import TINY, invoke, one_error_line
@@ -66,22 +64,16 @@ def test_quantized_files_are_smaller_and_say_so(four, doc, cli_env):
     assert report["file_fraction"] == pytest.approx(report["file_bytes"] / report["kv_bytes_full"])
     text = invoke("compress", doc, "-o", cli_env / "t.cake", *TINY, "-b", "64", "--scoring", "end", "--kv-bits", "4")
     assert text.exit_code == 0 and text.stdout == ""
-    assert "4 bits, groups of 32" in text.stderr and "dequantized when loaded" in text.stderr
+    assert "4 bits, groups of 32" in text.stderr and "keeps its global layers quantized" in text.stderr
     assert "on disk" in text.stderr and "full cache" in text.stderr
 
 
-def test_4bit_file_answers_as_the_cache_quantized_in_process(four, doc, monkeypatch):
+def test_4bit_file_answers_as_the_cache_quantized_in_process(four, doc):
     path, _ = four
-    engine_compress = saved_compress.compress_prefix
-
-    def quantized_here(*args, **kwargs):  # the chat's in-process compression, quantized and dequantized in memory
-        return requantized(engine_compress(*args, **kwargs), 4, 32, recent=8)
-
     piped = "\n".join(QUESTIONS) + "\n"
-    with monkeypatch.context() as patch:
-        patch.setattr(saved_compress, "compress_prefix", quantized_here)
-        chat = invoke("chat", doc, *TINY, "-b", "64", "--dtype", "fp32", "--scoring", "end", "-n", "8", "--json",
-                      input=piped)  # fmt: skip
+    # the chat's in-process compression held at 4 bits in memory (engine.kvmemory), as the file is once loaded
+    chat = invoke("chat", doc, *TINY, "-b", "64", "--dtype", "fp32", "--scoring", "end", "--kv-bits", "4", "-n", "8",
+                  "--json", input=piped)  # fmt: skip
     assert chat.exit_code == 0, chat.stderr
     for turn in map(json.loads, chat.stdout.splitlines()):
         qa = invoke("qa", path, turn["question"], "-n", "8", "--json")
@@ -101,10 +93,12 @@ def test_version_1_files_still_load(doc, cli_env):
     assert answers[0]["answer"] == answers[1]["answer"]
 
 
-def test_bad_kv_bits(doc, cli_env):
+def test_bad_kv_bits(doc, cli_env, four):
     out = cli_env / "three.cake"
     line = one_error_line(invoke("compress", doc, "-o", out, *TINY, "--kv-bits", "3"), 2, "--kv-bits 3")
     assert "16, 8, 4" in line and not out.exists()
+    one_error_line(invoke("chat", doc, *TINY, "--kv-bits", "3", input="?\n"), 2, "--kv-bits 3")
+    line = one_error_line(invoke("chat", four[0], "--kv-bits", "8", input="?\n"), 2, "keeps the bits it was saved with")
 
 
 def test_damaged_scales(four, cli_env):

@@ -8,8 +8,8 @@ every needle alone (scored as S-RT) and the QA item's question (F1). All prompts
 as a continuation over a copy of the compressed prefix (`engine.continuation`).
 
 Rows (`ROWS`), at each keep ratio r (budget B = round(r · n) tokens per layer on average, n the prefix's
-tokens, at least w + 1) and each KV bit width (`engine.kvquant` as the .cake file stores it, dequantized
-for answering):
+tokens, at least w + 1) and each KV bit width (`engine.kvquant` as the .cake file stores it, held quantized
+in memory for answering as a loaded file is, `engine.kvmemory`):
 
 - ``full``: the prefix's whole cache (no eviction; at 16/8/4 bits);
 - ``aware``: question-aware CAKE, the reference: the whole prompt (question included) prefilled and evicted
@@ -110,7 +110,7 @@ def file_bytes(state: Prefilled, bits: int, window: int) -> int:
 
 
 def _quantized(state: Prefilled, bits: int, window: int) -> Prefilled:
-    return requantized(state, bits, DEFAULT_KV_GROUP, window)
+    return requantized(state, bits, DEFAULT_KV_GROUP, window, in_memory=True)  # as a loaded file: held quantized
 
 
 class FirstToken:

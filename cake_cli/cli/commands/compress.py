@@ -50,8 +50,19 @@ KvBits = Annotated[
         metavar="|".join(map(str, KV_BITS)),
         help="Bits per key/value in the .cake file: 16 = the model's dtype; 8 or 4 = grouped affine quantization "
         "(KIVI: keys per channel, values per token, groups of 32, the observation window kept exact). The file "
-        "shrinks; a loaded file is dequantized, so memory while answering is the 16-bit size (quantized "
-        "decoding in memory is a later step).",
+        "shrinks, and so does memory while answering: a loaded file keeps its global layers quantized "
+        "(local sliding-window layers and per-head-length layers are dequantized).",
+    ),
+]
+
+ChatKvBits = Annotated[
+    int,
+    typer.Option(
+        "--kv-bits",
+        metavar="|".join(map(str, KV_BITS)),
+        help="Bits per key/value the compressed document is held at in memory: 16 = the model's dtype; 8 or 4 = "
+        "KIVI's grouped affine quantization as `cake compress --kv-bits` saves it (global layers; the "
+        "observation window and every question's tokens kept in the model's dtype).",
     ),
 ]
 
@@ -102,7 +113,13 @@ def compress(
 
 @app.command()
 @with_options(TaskOptions)
-def chat(document: o.RequiredDocument, scoring: Scoring = DEFAULT_SCORING, *, opts: TaskOptions) -> None:
+def chat(
+    document: o.RequiredDocument,
+    scoring: Scoring = DEFAULT_SCORING,
+    kv_bits: ChatKvBits = 16,
+    *,
+    opts: TaskOptions,
+) -> None:
     """Ask question after question about one document (or a .cake file): it is compressed once, then every
     answer streams to stdout. Questions come one a line from the terminal (with line editing and history)
     or from piped stdin; --json prints one JSON line per turn. Ctrl-C stops the answer being written and
@@ -111,6 +128,12 @@ def chat(document: o.RequiredDocument, scoring: Scoring = DEFAULT_SCORING, *, op
     turns do not see each other."""
     with handled():
         check_scoring(scoring)
+        check_kv_bits(kv_bits)
+        if kv_bits != 16 and is_cache_path(document):
+            raise UsageError(
+                f"--kv-bits {kv_bits} sets how a document compressed now is held; {document} keeps the bits it "
+                "was saved with", "drop --kv-bits, or give the document (cake compress --kv-bits saves a file)"
+            )  # fmt: skip
         if document == "-":
             raise UsageError("chat reads its questions from stdin", "give the document as a file or a .cake file")
         output = check_writable(opts.output, "--output") if opts.output else None
@@ -119,4 +142,4 @@ def chat(document: o.RequiredDocument, scoring: Scoring = DEFAULT_SCORING, *, op
         check_scoring_method(checked, scoring)
         from cake_cli.cli.runners import compress as sessions  # noqa: PLC0415 - torch loads after the checks
 
-        sessions.chat(checked, opts, progress, output, scoring)
+        sessions.chat(checked, opts, progress, output, scoring, kv_bits)

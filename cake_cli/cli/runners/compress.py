@@ -33,7 +33,7 @@ from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.results import RunResult, human_bytes
 from cake_cli.tasks.runner import ready_model
 from cake_cli.tasks.saved.compress import answer, compress, open_prefix
-from cake_cli.tasks.saved.store import compress_result, save
+from cake_cli.tasks.saved.store import compress_result, held_quantized, save
 
 EXIT_WORDS = {"exit", "quit", ":q"}
 
@@ -156,18 +156,21 @@ def questions(progress: StderrProgress) -> Iterator[str]:
             yield line
 
 
-def chat(plan: Plan, opts: TaskOptions, progress: StderrProgress, output: Path | None, scoring: str) -> None:
+def chat(
+    plan: Plan, opts: TaskOptions, progress: StderrProgress, output: Path | None, scoring: str, bits: int = 16
+) -> None:
     """`cake chat`: question after question on one compressed document, answers streamed. Every turn
     starts again from the compressed document (`tasks.saved.compress`: memory never grows). --json: one
     JSON line per answered turn; `output` gets the transcript (answers, or the JSON lines), also when
-    Ctrl-C at the prompt leaves. Ctrl-C during an answer stops it only (see the module docstring).
+    Ctrl-C at the prompt leaves. Ctrl-C during an answer stops it only (see the module docstring). A document
+    compressed now is held at `bits` in memory (`tasks.saved.store.held_quantized`).
 
     Raises:
         KeyboardInterrupt: Ctrl-C at the prompt (exit code 130), after the transcript is written.
     """
     stream = AnswerStream()
     cb = _callbacks(opts, progress, None if opts.json_out else stream)
-    compressed = open_prefix(plan, cb, ready_model(plan.request, cb), scoring)
+    compressed = held_quantized(open_prefix(plan, cb, ready_model(plan.request, cb), scoring), bits)
     n, kv = len(compressed.meta.prefix_ids), human_bytes(compressed.state.kv_bytes)
     held = (
         f"kept whole ({kv} of KV cache; each question evicts a copy)"

@@ -9,7 +9,8 @@ values, at the file's ``kv_bits``:
   (two 4-bit codes a byte), ``.scale`` and ``.zero`` float16 per group of ``kv_group`` entries (keys:
   per channel, groups along the tokens; values: per token, groups along the channels), ``.recent``
   the newest ``kv_recent`` tokens in the model's dtype (the observation window: never quantized).
-  A loaded file is dequantized to the model's dtype.
+  A loaded file keeps these parts in memory for its global, non-ragged layers (`engine.kvmemory`); local
+  and ragged layers are dequantized to the model's dtype.
 
 For H2O also ``scores.i`` [H_kv, len_i] float32, each token's accumulated attention (`engine.cache`).
 From version 4, a layer whose KV heads keep different numbers of tokens (``--allocation global``,

@@ -20,7 +20,7 @@ from safetensors.torch import save as save_tensors
 from cake_cli import __version__
 from cake_cli.engine.cascade import LayerStats
 from cake_cli.engine.config import DEFAULT_KV_GROUP, KV_BITS
-from cake_cli.engine.continuation import SavedCascade, cache_from_tensors, cache_tensors
+from cake_cli.engine.continuation import SavedCascade, cache_from_tensors, cache_tensors, quantized_in_memory
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled
 from cake_cli.engine.indicators import accumulates
@@ -161,6 +161,24 @@ def quantized_meta(meta: CacheMeta, bits: int) -> CacheMeta:
     return replace(meta, kv_bits=bits, kv_group=DEFAULT_KV_GROUP, kv_recent=meta.window or DEFAULT_RECENT)
 
 
+def held_quantized(compressed: Compressed, bits: int) -> Compressed:
+    """A document compressed in this run held at `bits` in memory (`engine.kvmemory`): the parts a .cake saved at
+    `bits` would hold (`quantized_meta`'s group and recent tokens), so it answers exactly as that file loaded;
+    bits 16 returns `compressed` itself.
+
+    Raises:
+        CakeError: bits not in `engine.config.KV_BITS`, or keys/values that cannot be quantized.
+    """
+    meta = quantized_meta(compressed.meta, bits)
+    if bits == 16:
+        return compressed
+    try:
+        state = quantized_in_memory(compressed.state, bits, meta.kv_group, meta.kv_recent)
+    except ValueError as exc:
+        raise CakeError(f"cannot hold the cache at {bits} bits ({exc})", "use --kv-bits 16") from None
+    return replace(compressed, meta=meta, state=state)
+
+
 def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compressed:
     """Load the plan's .cake file (`plan.saved`, already checked by `tasks.planning.plan`) onto the model.
 
@@ -182,7 +200,7 @@ def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compress
         group = meta.kv_group or DEFAULT_KV_GROUP
         n = len(meta.prefix_ids)
         cache = cache_from_tensors(
-            tensors, config.num_hidden_layers, n, loaded.device, windows, bits=meta.kv_bits, group=group
+            tensors, config.num_hidden_layers, n, loaded.device, windows, bits=meta.kv_bits, group=group, in_memory=True
         )
     except DamagedTensorError as exc:
         raise CakeError(f"{saved.name} is damaged ({exc})", again.replace("with this model: ", "")) from None

@@ -1,0 +1,179 @@
+"""Keys and values held quantized in memory while answering (KIVI, Liu et al. 2024, arXiv 2402.02750,
+Sec. 3.2-3.3 and Algorithm 1; docs/method.md §Quantized KV).
+
+A `QuantLayer` is a global layer's cache whose older slots are held as the .cake file's parts
+(`kvquant.quantize_entry`: keys per channel, values per token, grouped affine, 8 or 4 bits, 4-bit codes
+packed two to a byte, float16 scales and zeros), so loading a file is a copy. Its newest slots, the
+*residual*, stay in the model's dtype, as KIVI keeps its R most recent tokens in full precision: the
+prefix's last `recent` tokens (the observation window: what every question attends to first) and every
+token added since (the question, the answer). Slots 0 .. m-1 are quantized, m .. m+r-1 the residual; the
+positions [H_kv, m + r] cover both, and slots stay in position order.
+
+**Attention.** `update` returns the layer's whole keys and values [1, H_kv, m + r, d] in the model's dtype,
+the quantized slots dequantized for this one call, a block at a time (a transient of one layer, dropped
+once it has attended; `CakeCache.track_peak` counts it). So every attention backend (eager, SDPA, the CPU
+single-query path; flash_attention_2 gets the same tensors, not run in the tests: no GPU), mask and
+decode policy runs unchanged, and the keys and values it sees equal those of the same quantized cache
+dequantized to full tensors once (`kvquant.dequantize_entry`: the same float32 arithmetic, bit for bit).
+
+**Where we differ from KIVI.** (1) Tokens added after loading are not quantized in groups of R as the
+residual fills (KIVI's streaming step): an answer is short next to the document, so they stay in full
+precision. (2) Eviction (the `fixed` decode policy, a question's CAKE eviction of a prefix kept whole,
+H2O's accumulation) removes slots physically (`keep`): a value row leaves with its scale and zero; a key
+keeps its per-channel group's scale and zero, so each slot remembers its group (`group_of` [H_kv, m]
+int32, made at the first eviction from the quantized slots; a group's scale and zero stay until no KV head
+holds one of its slots). When the KV heads of a layer drop different numbers of quantized slots, the extra
+quantized slots of the heads that kept more move to the residual as their dequantized values (exact: the
+values a dequantized cache holds), at most H_kv - 1 slots per step.
+
+**Not quantized in memory** (held in the model's dtype, as a loaded file was before): local
+(sliding-window) layers, which hold at most window - 1 tokens, and layers whose KV heads hold different
+numbers of tokens (`--allocation global`, `engine.headlengths`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cake_cli.engine.cache import CakeLayer
+from cake_cli.engine.kvquant import dequantize_keys, dequantize_values
+
+KINDS = ("keys", "values")
+
+
+def quantizable(layer: CakeLayer) -> bool:
+    """Whether `layer` may be held quantized in memory (module docstring: a global, non-ragged layer with tokens)."""
+    return layer.window is None and layer.start is None and layer.keys is not None and layer.live() > 0
+
+
+class QuantLayer(CakeLayer):
+    """A global layer held as quantized slots + a full-precision residual (module docstring).
+
+    Attributes:
+        bits: 8 or 4. group: G, entries per quantization group. width: d, the head dimension.
+        parts: {"keys": {...}, "values": {...}} each {"codes": [H_kv, m, ceil(d · bits / 8)] uint8, "scale"
+            and "zero" float16 (keys [H_kv, groups, d], values [H_kv, m, ceil(d / G)])}, `kvquant`'s layout.
+        group_of: [H_kv, m] int32 the key group of each quantized slot, or None (slot i is in group i // G).
+        keys, values: the residual [1, H_kv, r, d] in the model's dtype (`CakeLayer`'s tensors).
+    """
+
+    def __init__(self, bits: int, group: int, **kwargs):
+        super().__init__(**kwargs)
+        self.bits, self.group, self.width = bits, group, 0
+        self.parts: dict[str, dict[str, torch.Tensor]] = {}
+        self.group_of: torch.Tensor | None = None
+
+    @classmethod
+    def from_parts(cls, parts: dict[str, dict[str, torch.Tensor]], positions, seen: int, bits: int, group: int):
+        """A layer from one layer's file parts (`kvquant.quantize_entry` of keys and values, already checked).
+
+        Args:
+            parts: {"keys": entry, "values": entry}, each with "codes", "scale", "zero", "recent" [H_kv, r, d].
+            positions: [H_kv, m + r] int64 true positions, increasing. seen: the next token's position.
+        """
+        layer = cls(bits, group)
+        residual = [parts[kind]["recent"].unsqueeze(0) for kind in KINDS]  # [1, H_kv, r, d]
+        layer.lazy_initialization(*residual)
+        layer.keys, layer.values = residual
+        layer.parts = {kind: {p: parts[kind][p] for p in ("codes", "scale", "zero")} for kind in KINDS}
+        layer.width = residual[0].shape[-1]
+        layer.positions, layer.seen = positions, seen
+        return layer
+
+    def copy(self) -> QuantLayer:
+        """An independent copy (`continuation.clone_cache`): parts, residual, positions, scores."""
+        out = QuantLayer(self.bits, self.group)
+        out.lazy_initialization(self.keys, self.values)
+        out.keys, out.values = self.keys.clone(), self.values.clone()
+        out.parts = {kind: {p: t.clone() for p, t in entry.items()} for kind, entry in self.parts.items()}
+        out.width, out.positions, out.seen = self.width, self.positions.clone(), self.seen
+        out.group_of = None if self.group_of is None else self.group_of.clone()
+        out.accumulates, out.scores = self.accumulates, None if self.scores is None else self.scores.clone()
+        return out
+
+    def quantized(self) -> int:
+        """m, the quantized slots per KV head."""
+        return self.parts["keys"]["codes"].shape[1] if self.parts else 0
+
+    def dequantized_into(self, out: torch.Tensor) -> None:
+        """Write the quantized slots' keys and values into `out` [2, H_kv, m, d] (model dtype; keys then values),
+        `BLOCK` tokens at a time (`dequantize_keys`, `dequantize_values`)."""
+        keys, values = self.parts["keys"], self.parts["values"]
+        dequantize_keys(out[0], keys, self.bits, self.group, self.group_of)
+        dequantize_values(out[1], values, self.bits, self.group)
+
+    def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every slot's keys and values [1, H_kv, m + r, d], model dtype (new tensors: quantized, then residual)."""
+        heads, r, d = self.keys.shape[1], self.keys.shape[2], self.width
+        m = self.quantized()
+        out = self.keys.new_empty(2, heads, m + r, d)  # [2, H_kv, m + r, d]: one allocation, no concatenation
+        self.dequantized_into(out[:, :, :m])
+        out[0, :, m:].copy_(self.keys[0])
+        out[1, :, m:].copy_(self.values[0])
+        return out[0:1], out[1:2]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append q new tokens to the residual (`CakeLayer.update`); return the whole layer [1, H_kv, m + r, d]
+        in the model's dtype, for this attention call only."""
+        super().update(key_states, value_states)
+        return self.whole()
+
+    def release(self, slot: torch.Tensor) -> None:
+        """Evict one slot per KV head [H_kv] now (no slot is overwritten in place: a quantized slot cannot take
+        a full-precision token); the next token is appended to the residual."""
+        self.free = slot
+        self.compact()
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only the slots `index` [H_kv, k] (int64, ascending per head) of each KV head (module docstring).
+
+        The first m' = min over heads of the kept quantized slots stay quantized; each head's other kept slots
+        form the new residual, a head's extra quantized ones dequantized (exact)."""
+        index = index.to(self.keys.device)
+        m = self.quantized()
+        counts = (index < m).sum(dim=1)  # [H_kv] kept quantized slots per head (they come first: ascending)
+        kept = int(counts.min()) if index.shape[1] else 0
+        rest = index[:, kept:]  # [H_kv, k - m'] slots that form the new residual
+        if bool((counts == kept).all()):
+            expanded = (rest - m).unsqueeze(0).unsqueeze(-1).expand(1, *rest.shape, self.width)
+            self.keys, self.values = self.keys.gather(2, expanded), self.values.gather(2, expanded)
+        else:
+            expanded = rest.unsqueeze(0).unsqueeze(-1).expand(1, *rest.shape, self.width)
+            keys, values = self.whole()  # [1, H_kv, m + r, d]
+            self.keys, self.values = keys.gather(2, expanded), values.gather(2, expanded)
+        if kept < m:
+            self._keep_quantized(index[:, :kept])
+        self.positions = self.positions.gather(1, index)  # [H_kv, k]
+        if self.scores is not None:
+            self.scores = self.scores.gather(1, index)
+
+    def _keep_quantized(self, index: torch.Tensor) -> None:
+        """Keep the quantized slots `index` [H_kv, m'] (ascending): codes and value scales/zeros gathered by
+        row; key scales/zeros stay while some head keeps a slot of their group (dropped, and `group_of`
+        renumbered, once none does), `group_of` remembers each kept slot's group."""
+        heads, m = self.parts["keys"]["codes"].shape[:2]
+        if self.group_of is None:
+            self.group_of = (torch.arange(m, device=index.device) // self.group).to(torch.int32).expand(heads, m)
+        self.group_of = self.group_of.gather(1, index).contiguous()
+        used = torch.zeros(self.parts["keys"]["scale"].shape[1], dtype=torch.bool, device=index.device)
+        used[self.group_of.flatten().long()] = True  # [groups] some head still holds a slot of the group
+        if not bool(used.all()):
+            self.group_of = (used.cumsum(0) - 1)[self.group_of.long()].to(torch.int32)  # the kept groups' new ids
+            kept = used.nonzero().squeeze(1)
+            for name in ("scale", "zero"):
+                self.parts["keys"][name] = self.parts["keys"][name].index_select(1, kept)  # [H_kv, groups', d]
+        rows = ["codes"], ["codes", "scale", "zero"]
+        for kind, names in zip(KINDS, rows):
+            for name in names:
+                t = self.parts[kind][name]  # [H_kv, m, c]
+                self.parts[kind][name] = t.gather(1, index.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
+
+    def live(self) -> int:
+        """Tokens held per KV head: quantized + residual."""
+        return self.quantized() + (self.keys.shape[-2] if self.keys is not None else 0)
+
+    def nbytes(self) -> int:
+        """Bytes held by the quantized parts (codes, scales, zeros, `group_of`) and the residual, measured."""
+        held = [t for entry in self.parts.values() for t in entry.values()] + [self.keys, self.values]
+        held += [] if self.group_of is None else [self.group_of]
+        return sum(t.numel() * t.element_size() for t in held)

@@ -1,0 +1,185 @@
+"""Keys and values held quantized in memory while answering (`engine.kvmemory`, KIVI arXiv 2402.02750).
+
+Oracles: (1) every decode step's logits equal those of the same quantized cache dequantized to full
+tensors once (`continuation.requantized`, the file's loading path before) and decoded normally, for
+Llama, a GQA family and Gemma 3 (local layers), 8 and 4 bits, `fixed` and `grow` decode policies (H2O's
+accumulation too); (2) a 4-bit file loaded with `in_memory` answers exactly as the same cache quantized
+in process; (3) the KV bytes reported equal the bytes of the tensors held, computed here from the
+layout (codes, scales, zeros, residual), and are below the model-dtype size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+from cake_cli.engine import kvquant
+from cake_cli.engine.attention import use_cake_attention
+from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.continuation import (
+    cache_from_tensors,
+    cache_tensors,
+    continuation_capacity,
+    extend,
+    quantized_in_memory,
+    requantized,
+)
+from cake_cli.engine.generate import decode, prefill
+from cake_cli.engine.kvmemory import KINDS, QuantLayer
+from tests.helpers.models import tiny_family, tiny_llama
+
+GROUP, WINDOW = 8, 6
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {
+        "llama": tiny_llama(),
+        "qwen2": tiny_family("qwen2", heads=6, kv_heads=3, seed=1),
+        "gemma3_text": tiny_family("gemma3_text", layers=6, seed=2),
+    }
+
+
+def ids(seed: int, n: int) -> torch.Tensor:
+    return torch.randint(3, 97, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def answer(model, state, prefix, suffix, config, steps=8):
+    logits = []
+    cont = extend(model, state, suffix)
+    capacity = continuation_capacity(config, True, cont.lengths) if config.decode_policy == "fixed" else None
+    full = torch.cat([prefix, suffix], dim=1)
+    out = decode(model, full, cont, config, max_new_tokens=steps, capacity=capacity, step_logits=logits)
+    return out, logits
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3_text"])
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("policy", ["fixed", "grow"])
+def test_decode_equals_the_dequantized_reference(models, arch, bits, policy):
+    model = models[arch]
+    use_cake_attention(model, "sdpa")
+    prefix, suffix = ids(1, 80), ids(2, 5)
+    config = CakeConfig(budget=30, window=WINDOW, decode_policy=policy)
+    state = prefill(model, prefix, config)
+    held = quantized_in_memory(state, bits, GROUP, recent=WINDOW)
+    reference = requantized(state, bits, GROUP, recent=WINDOW)
+    kinds = [type(layer) for layer in held.cache.layers]
+    assert QuantLayer in kinds and (arch != "gemma3_text" or len(set(kinds)) == 2), "local layers stay unquantized"
+    for a, b in zip(held.cache.layers, reference.cache.layers):  # the same keys and values, bit for bit
+        whole = a.whole() if isinstance(a, QuantLayer) else (a.keys, a.values)
+        assert torch.equal(whole[0], b.keys) and torch.equal(whole[1], b.values)
+    got, got_logits = answer(model, held, prefix, suffix, config)
+    want, want_logits = answer(model, reference, prefix, suffix, config)
+    assert got.token_ids == want.token_ids and len(got_logits) == len(want_logits) == 7
+    for a, b in zip(got_logits, want_logits):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert held.cache.lengths() == reference.cache.lengths()
+
+
+def test_h2o_accumulation_decodes_as_the_reference(models):
+    model = models["llama"]
+    use_cake_attention(model, "eager")
+    prefix, suffix = ids(3, 70), ids(4, 4)
+    config = CakeConfig(budget=30, window=WINDOW, indicator="h2o")
+    state = prefill(model, prefix, config)
+    held, reference = (f(state, 4, GROUP, recent=WINDOW) for f in (quantized_in_memory, requantized))
+    got, got_logits = answer(model, held, prefix, suffix, config)
+    want, want_logits = answer(model, reference, prefix, suffix, config)
+    assert got.token_ids == want.token_ids
+    for a, b in zip(got_logits, want_logits):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_saved_4bit_file_answers_as_the_cache_quantized_in_process(models):
+    model = models["gemma3_text"]
+    use_cake_attention(model, "sdpa")
+    prefix, suffix = ids(5, 80), ids(6, 5)
+    config = CakeConfig(budget=30, window=WINDOW)
+    state = prefill(model, prefix, config)
+    here = quantized_in_memory(state, 4, GROUP, recent=WINDOW)
+    tensors = load_tensors(save_tensors(cache_tensors(state.cache, 4, GROUP, WINDOW)))
+    cache = cache_from_tensors(
+        tensors, len(state.cache.layers), 80, "cpu", state.cache.windows, bits=4, group=GROUP, in_memory=True
+    )
+    there = type(state)(cache, here.cascade, state.logits, 0.0, cache.lengths(), cache.kv_bytes(), cache.kv_bytes())
+    for a, b in zip(here.cache.layers, there.cache.layers):
+        assert type(a) is type(b) and torch.equal(a.positions, b.positions)
+        if isinstance(a, QuantLayer):
+            assert all(torch.equal(a.parts[k][p], b.parts[k][p]) for k in a.parts for p in a.parts[k])
+    got, got_logits = answer(model, here, prefix, suffix, config)
+    want, want_logits = answer(model, there, prefix, suffix, config)
+    assert got.token_ids == want.token_ids
+    assert all(torch.equal(a, b) for a, b in zip(got_logits, want_logits))
+
+
+def expected_bytes(layer, bits: int) -> int:
+    """KV bytes of one layer from its layout: codes, float16 scales and zeros, the residual (model dtype)."""
+    if not isinstance(layer, QuantLayer):
+        return 2 * layer.keys.numel() * layer.keys.element_size()
+    heads, m = layer.parts["keys"]["codes"].shape[:2]
+    d, r, size = layer.width, layer.keys.shape[2], layer.keys.element_size()
+    codes = 2 * heads * m * -(-d * bits // 8)
+    key_groups = 2 * heads * -(-m // GROUP) * d * 2
+    value_groups = 2 * heads * m * -(-d // GROUP) * 2
+    return codes + key_groups + value_groups + 2 * heads * r * d * size
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_memory_bytes_are_the_held_tensors_and_below_the_full_precision_size(models, bits):
+    model = models["llama"]
+    use_cake_attention(model, "sdpa")
+    state = prefill(model, ids(7, 80), CakeConfig(budget=30, window=WINDOW))
+    held = quantized_in_memory(state, bits, GROUP, recent=WINDOW)
+    assert held.kv_bytes == held.cache.kv_bytes() == sum(expected_bytes(x, bits) for x in held.cache.layers)
+    assert held.kv_bytes < state.kv_bytes == requantized(state, bits, GROUP, recent=WINDOW).kv_bytes
+    cont, plain = (extend(model, x, ids(8, 5)) for x in (held, requantized(state, bits, GROUP, recent=WINDOW)))
+    assert cont.kv_bytes == sum(expected_bytes(x, bits) for x in cont.cache.layers) < plain.kv_bytes
+
+
+def reference_dequantized(parts, kind, bits, group, dim) -> torch.Tensor:
+    """The slow, obviously correct path: unpack, `kvquant.dequantize` (scales repeated), dtype, recent tokens."""
+    axis = -2 if kind == "keys" else -1
+    old = kvquant.dequantize(kvquant.unpack(parts["codes"], bits, dim), parts["scale"], parts["zero"], axis, group)
+    return torch.cat([old.to(parts["recent"].dtype), parts["recent"]], dim=1)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize(("group", "dim", "length"), [(32, 64, 2600), (7, 12, 1500), (8, 5, 40)])
+def test_blockwise_dequantization_is_bit_for_bit_the_files(bits, group, dim, length):
+    gen = torch.Generator().manual_seed(group + dim)
+    k, v = (torch.randn(3, length, dim, generator=gen).to(torch.bfloat16) * 3 for _ in range(2))
+    parts = {kind: kvquant.quantize_entry(x, kind, bits, group, 5) for kind, x in (("keys", k), ("values", v))}
+    positions = torch.arange(length).expand(3, length)
+    layer = QuantLayer.from_parts({kind: dict(p) for kind, p in parts.items()}, positions, length, bits, group)
+    want = [reference_dequantized(parts[kind], kind, bits, group, dim) for kind in ("keys", "values")]
+    assert all(torch.equal(kvquant.dequantize_entry(parts[k], k, bits, group, dim), w) for k, w in zip(KINDS, want))
+    got = layer.whole()
+    assert all(torch.equal(a[0], b) for a, b in zip(got, want))
+    keep = torch.stack([torch.randperm(length, generator=gen)[: length // 2].sort().values for _ in range(3)])
+    keep[:, -1] = length - 1  # every head keeps the newest (residual) slot
+    layer.keep(keep)
+    index = keep.unsqueeze(-1).expand(-1, -1, dim)
+    got = layer.whole()
+    assert all(torch.equal(a[0], b.gather(1, index)) for a, b in zip(got, want))
+    assert layer.group_of is not None or layer.quantized() == 0
+    survivors = keep[:, : keep.shape[1] // 3]  # groups emptied in every head lose their scales and zeros
+    before = layer.parts["keys"]["scale"].shape[1]
+    layer.keep(torch.cat([torch.arange(survivors.shape[1]).expand(3, -1), torch.full((3, 1), keep.shape[1] - 1)], 1))
+    got = layer.whole()
+    kept = survivors.unsqueeze(-1).expand(-1, -1, dim)
+    assert all(torch.equal(a[0][:, :-1], b.gather(1, kept)) for a, b in zip(got, want))
+    assert int(survivors.max()) < length - 5, "every survivor is a quantized slot"
+    groups = len(set(survivors.div(group, rounding_mode="floor").flatten().tolist()))  # distinct original groups
+    assert layer.parts["keys"]["scale"].shape[1] == groups <= before
+
+
+def test_a_cache_held_quantized_saves_as_the_dequantized_one(models):
+    model = models["llama"]
+    use_cake_attention(model, "sdpa")
+    state = prefill(model, ids(9, 60), CakeConfig(budget=30, window=WINDOW))
+    held, reference = (f(state, 4, GROUP, recent=WINDOW) for f in (quantized_in_memory, requantized))
+    for bits in (16, 4):
+        a, b = (cache_tensors(x.cache, bits, GROUP, WINDOW) for x in (held, reference))
+        assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)

@@ -29,7 +29,16 @@ from cake_cli.models.profiles import (
     profile_of,
 )
 
-SHIPPED = {"qwen2.5-coder-0.5b", "smollm2", "mistral", "llama2-7b", "llama2-13b", "llama3.1-8b", "qwen2.5-7b"}
+SHIPPED = {
+    "qwen2.5-coder-0.5b",
+    "qwen2.5-coder-1.5b",
+    "smollm2",
+    "mistral",
+    "llama2-7b",
+    "llama2-13b",
+    "llama3.1-8b",
+    "qwen2.5-7b",
+}
 
 # docs/method.md §Hyperparameters: hub id, dtype, max prompt, (tau1, tau2) at B=1024, at B=128
 PUBLISHED = {

@@ -20,7 +20,7 @@ from cake_cli.engine.cascade import CascadePrefill
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.continuation import clone_cache, drop_from
 from cake_cli.engine.families import attention_layout
-from cake_cli.engine.generate import Prefilled, forward_step, sync_device
+from cake_cli.engine.generate import Prefilled, forward_step, prefill, sync_device
 from cake_cli.engine.indicators import accumulates
 from cake_cli.engine.window import window_attention
 
@@ -59,10 +59,7 @@ def prefix_cache(model, prefix_ids: torch.Tensor) -> CakeCache:
     Args:
         prefix_ids: [1, n] the shared first tokens of the prompts.
     """
-    windows = attention_layout(model.config).windows
-    cache = CakeCache(model.config.num_hidden_layers, windows=windows)
-    forward_step(model, cache, prefix_ids, 0, None)
-    return cache
+    return prefill(model, prefix_ids, None).cache  # the full-cache baseline: nothing evicted
 
 
 @torch.inference_mode()

@@ -23,11 +23,8 @@ from cake_cli.engine.continuation import (
     extend_and_evict,
 )
 from cake_cli.engine.generate import Prefilled, decode, generate, prefill
+from tests.helpers.models import ids_of
 from tests.helpers.reference import MaskedReference
-
-
-def ids_of(n: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
 def answer(model, prefix_state: Prefilled, suffix: torch.Tensor, prefix: torch.Tensor, config, new: int, **kw):

@@ -15,7 +15,7 @@ from cake_cli.engine.generate import decode
 from cake_cli.engine.headlengths import ranked_selection
 from cake_cli.engine.reconstruct import compress_by_reconstruction, reconstruction_scores
 from tests.helpers.headmask import HeadMaskReference
-from tests.helpers.models import tiny_family, tiny_llama
+from tests.helpers.models import cached_models, ids_of
 
 CASES = {
     "llama": ("llama", {}),
@@ -26,18 +26,7 @@ CASES = {
     "phi3": ("phi3", {}),
     "mistral-sliding": ("mistral", {"sliding_window": 96}),  # every layer slides; exact below 96 tokens
 }
-_models: dict = {}
-
-
-def model(case: str):
-    if case not in _models:
-        arch, overrides = CASES[case]
-        _models[case] = tiny_llama() if arch == "llama" else tiny_family(arch, **overrides)
-    return _models[case]
-
-
-def ids_of(n: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(seed))
+model = cached_models(CASES)
 
 
 def kept_positions(cache) -> list[list[set[int]] | None]:

@@ -17,21 +17,10 @@ from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import prefill
 from cake_cli.engine.preference import log_preference
 from cake_cli.engine.reconstruct import compress_by_reconstruction, reconstruction_scores
-from tests.helpers.models import tiny_family, tiny_llama
+from tests.helpers.models import cached_models, ids_of, tiny_llama
 
 CASES = {"llama": ("llama", {}), "qwen3": ("qwen3", {}), "gemma2": ("gemma2", {})}  # gemma2: soft-cap, local layers
-_models: dict = {}
-
-
-def model(case: str):
-    if case not in _models:
-        arch, overrides = CASES[case]
-        _models[case] = tiny_llama() if arch == "llama" else tiny_family(arch, **overrides)
-    return _models[case]
-
-
-def ids_of(n: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(seed))
+model = cached_models(CASES)
 
 
 @torch.inference_mode()

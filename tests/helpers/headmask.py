@@ -16,14 +16,7 @@ import math
 import torch
 from transformers import AttentionInterface, DynamicCache
 
-
-def _pool(xs: list[float], kind: str, kernel: int) -> list[float]:
-    half = kernel // 2
-    out = []
-    for j in range(len(xs)):
-        window = [xs[i] for i in range(j - half, j + half + 1) if 0 <= i < len(xs)]
-        out.append(sum(window) / kernel if kind == "avg" else max(window))
-    return out
+from tests.helpers.reference import _pool  # the reference pooling (float lists), shared by both slow references
 
 
 class HeadMaskReference:

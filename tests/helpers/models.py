@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -54,4 +56,23 @@ def tiny_family(
             for name in ("q_norm", "k_norm"):
                 if hasattr(attn, name):
                     getattr(attn, name).weight.copy_(torch.randn_like(getattr(attn, name).weight) * 0.5 + 0.5)
+    return model
+
+
+def ids_of(n: int, seed: int) -> torch.Tensor:
+    """[1, n] random token ids below the tiny models' vocabulary (97), seeded."""
+    return torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def cached_models(cases: dict) -> Callable[[str], object]:
+    """`model(case)`: the tiny model of `cases[case]` = (arch, config overrides), built once per case
+    ("llama" is `tiny_llama`, any other arch `tiny_family`)."""
+    built: dict = {}
+
+    def model(case: str):
+        if case not in built:
+            arch, overrides = cases[case]
+            built[case] = tiny_llama() if arch == "llama" else tiny_family(arch, **overrides)
+        return built[case]
+
     return model

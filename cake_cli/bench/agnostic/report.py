@@ -3,13 +3,11 @@ against question-aware CAKE, issue 25's targets as PASS/FAIL lines, and a plot o
 
 from __future__ import annotations
 
-import io
 import statistics
 from pathlib import Path
 
 from cake_cli.bench.agnostic.run import AGNOSTIC, ROWS
-from cake_cli.errors import CakeError
-from cake_cli.files import write_atomic
+from cake_cli.bench.figures import pyplot, save_png
 
 LEAD = "reconstruct+cake"
 SPEED_LENGTH = 16000  # the first-token target is for a 16K-token document
@@ -161,15 +159,7 @@ def plot(summary: list[dict], path: Path, title: str) -> None:
     Raises:
         CakeError: matplotlib is not installed (with the install command).
     """
-    try:
-        import matplotlib  # noqa: PLC0415 - optional dependency (the `bench` extra)
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        raise CakeError(
-            "the plot needs matplotlib", "install it with `pip install matplotlib` (or `pip install -e '.[bench]'`)"
-        ) from None
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     markers = {16: "o", 8: "s", 4: "^"}
     colours = {row: f"C{i}" for i, row in enumerate(ROWS)}
@@ -188,7 +178,4 @@ def plot(summary: list[dict], path: Path, title: str) -> None:
     ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=6, ncol=2)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    write_atomic(path, buffer.getvalue(), "--plot")
+    save_png(plt, fig, path, "--plot", dpi=120, bbox_inches="tight")

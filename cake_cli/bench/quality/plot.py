@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
+from cake_cli.bench.figures import pyplot, save_png
 from cake_cli.bench.quality.report import TASK_TITLES, Summary
-from cake_cli.errors import CakeError
-from cake_cli.files import write_atomic
 
 
 def plot(summary: Summary, path: Path, title: str) -> None:
@@ -17,16 +15,7 @@ def plot(summary: Summary, path: Path, title: str) -> None:
     Raises:
         CakeError: matplotlib is not installed (with the install command).
     """
-    try:
-        import matplotlib  # noqa: PLC0415 - optional dependency (the `bench` extra)
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        raise CakeError(
-            "the plot needs matplotlib",
-            "install it with `pip install matplotlib` (or `pip install -e '.[bench]'`), or leave out --plot",
-        ) from None
+    plt = pyplot()
     panels = [(t, None) for t in summary.tasks]
     if len(summary.lengths) > 1:
         panels.append(("overall", summary.lengths[-1]))  # the longest contexts on their own
@@ -67,8 +56,5 @@ def plot(summary: Summary, path: Path, title: str) -> None:
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 5), fontsize=8, frameon=False)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, buffer.getvalue(), "plot")
+    save_png(plt, fig, path, "plot", dpi=110)

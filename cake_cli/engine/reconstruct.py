@@ -14,18 +14,23 @@ Here, after the prefix of n tokens is prefilled and kept whole:
    n .. n + p + |chunk_k| - 1 over the whole prefix cache. Its own keys are causal among themselves
    and dropped after the forward (each layer is restored as soon as it has attended), so every chunk
    sees the prefix and the repeat prompt only, and memory stays bounded: the cache, one layer's
-   chunk keys, and row blocks of probabilities of at most `MAX_BLOCK_ELEMENTS` floats; never n × n.
+   chunk keys, and row blocks of log-probabilities of at most `MAX_BLOCK_ELEMENTS` floats; never n × n.
 2. **Rows.** R = the p repeat-prompt rows (counted once, from chunk 0: they are the same in every
    chunk) and every target row. A_l ∈ R^{H × |R| × n} are their float32 softmax probabilities over
    all keys the row attends to (the prefix and the chunk's own keys, the model's own attention,
    `scaling` and soft-capping honoured), restricted to the n prefix columns and **not** renormalised.
+   They are computed as log-probabilities (logits minus the row's logsumexp), so the max of step 3
+   needs no exponential of the whole block.
 3. **Score (KVzip).** For KV head k and cached pair j: S[k, j] = max over the rows i in R and the g
-   query heads h of that KV head's group of A_l[h, i, j] (KVzip's max over queries and the GQA group).
-4. **Preference (CAKE, paper Eqs. 4-6)** over the reconstruction rows and the evictable columns
-   j < n - w (A_l^ev = A_l[:, :, :n - w]): H_l = -Σ_h Σ_{i∈R} Σ_j A^ev log A^ev (Eq. 4's row entropy),
-   V_l = Σ_h Σ_j Var_{i∈R} A^ev[h, i, j] (Eq. 5, unbiased over the |R| rows), P_l = H_l^(1/τ1) ·
-   V_l^(1/τ2) (Eq. 6). CAKE defines them over the w observation-window rows; here the rows are the
-   reconstruction's.
+   query heads h of that KV head's group of A_l[h, i, j] (KVzip's max over queries and the GQA group),
+   = exp of the max of log A.
+4. **Preference (CAKE, paper Eqs. 4-6)** over the statistic rows R_s ⊆ R (every s-th row of R, s =
+   ⌈|R| / STAT_ROWS⌉, so at most 512; CAKE's own statistics use the w = 32 window rows, and an even row
+   sample scales H_l of every layer by about the same factor, which Eq. 7's shares P_l / Σ P do not see) and the
+   evictable columns j < n - w (A_l^ev = A_l[:, R_s, :n - w]): H_l = -Σ_h Σ_{i∈R_s} Σ_j A^ev log A^ev
+   (Eq. 4's row entropy), V_l = Σ_h Σ_j Var_{i∈R_s} A^ev[h, i, j] (Eq. 5, unbiased over the |R_s|
+   rows), P_l = H_l^(1/τ1) · V_l^(1/τ2) (Eq. 6). CAKE defines them over the w observation-window rows;
+   here the rows are the reconstruction's.
 5. **Budgets and eviction.** B_total = (B - w) · L_global is shared by the allocation (`cake`: Eq. 7
    one-shot with caps and Prop. 1 rounding, every layer being scored before any is cut; `uniform`,
    `pyramid`: their fixed shares), and each global layer keeps, per KV head, its top-B_l pairs by S
@@ -61,7 +66,8 @@ from cake_cli.engine.indicators import top_k_sorted
 from cake_cli.engine.preference import log_preference
 
 DEFAULT_CHUNK = 2048  # target tokens per reconstruction forward
-MAX_BLOCK_ELEMENTS = 1 << 24  # float32 probabilities computed at once per layer (64 MiB)
+MAX_BLOCK_ELEMENTS = 1 << 22  # float32 log-probabilities computed at once per layer (16 MiB)
+STAT_ROWS = 512  # at most this many rows of R feed H_l and V_l (step 4): CAKE itself uses w = 32
 
 
 @dataclass
@@ -69,27 +75,34 @@ class LayerAccumulator:
     """Running reductions of one global layer over the reconstruction rows seen so far.
 
     Attributes:
-        score: [H_kv, n] float32, S = max over rows and the GQA group of A (step 3).
-        entropy: Σ -A log A over heads, rows and evictable columns (float64 scalar, nats).
-        col_sum: [H, n - w] float64 Σ_i A^ev[h, i, j].
-        sq_sum: Σ_h Σ_i Σ_j A^ev² (float64 scalar).
-        rows: |R| so far.
+        log_score: [H_kv, n] float32, log S = max over rows and the GQA group of log A (step 3).
+        entropy: Σ -A log A over heads, statistic rows and evictable columns (float64 scalar, nats).
+        col_sum: [H, n - w] float64 Σ_i A^ev[h, i, j] over the statistic rows.
+        sq_sum: Σ_h Σ_i Σ_j A^ev² over the statistic rows (float64 scalar).
+        rows: rows of R seen so far; stat_rows: how many of them were statistic rows.
     """
 
-    score: torch.Tensor
+    log_score: torch.Tensor
     entropy: float = 0.0
     col_sum: torch.Tensor | None = None
     sq_sum: float = 0.0
     rows: int = 0
+    stat_rows: int = 0
 
     def stats(self, tau1: float, tau2: float) -> LayerStats | None:
-        """H_l, V_l and log P_l over the rows seen (module docstring, step 4); None without rows or columns."""
-        if self.rows == 0 or self.col_sum is None or self.col_sum.shape[-1] == 0:
+        """H_l, V_l and log P_l over the statistic rows seen (module docstring, step 4); None without rows or
+        columns."""
+        if self.stat_rows == 0 or self.col_sum is None or self.col_sum.shape[-1] == 0:
             return None
-        h = self.entropy
-        v = 0.0 if self.rows < 2 else (self.sq_sum - float((self.col_sum**2).sum()) / self.rows) / (self.rows - 1)
+        r, h = self.stat_rows, self.entropy
+        v = 0.0 if r < 2 else (self.sq_sum - float((self.col_sum**2).sum()) / r) / (r - 1)
         v = max(v, 0.0)  # Σ x² - (Σ x)² / R >= 0; rounding can leave -1e-17
         return LayerStats(h, v, log_preference(h, v, tau1, tau2))
+
+
+def stat_stride(rows: int) -> int:
+    """s: every s-th row of R (0, s, 2s, ...) is a statistic row, so that at most `STAT_ROWS` are (step 4)."""
+    return max(1, -(-rows // STAT_ROWS))
 
 
 class ReconstructionScorer:
@@ -101,10 +114,11 @@ class ReconstructionScorer:
         prefix_len: n, tokens in the prefix (the cache's state before the chunk).
         window: w, the prefix's last w tokens are not evictable (statistics skip their columns).
         windows: [L] native sliding windows (None: a global layer, scored).
+        stride: s, every s-th row of R is a statistic row (`stat_stride`).
     """
 
-    def __init__(self, prefix_len: int, window: int, windows):
-        self.n, self.w = prefix_len, window
+    def __init__(self, prefix_len: int, window: int, windows, stride: int = 1):
+        self.n, self.w, self.stride = prefix_len, window, stride
         self.windows = list(windows)
         self.layers: dict[int, LayerAccumulator] = {}
         self.skip = 0  # rows of this chunk left out of R (the repeat prompt after chunk 0)
@@ -146,50 +160,75 @@ class ReconstructionScorer:
         num_kv, k_len = key.shape[0], key.shape[1]
         acc = self.layers.get(layer_idx)
         if acc is None:
-            acc = self.layers[layer_idx] = LayerAccumulator(key.new_zeros(num_kv, self.n, dtype=torch.float32))
+            log_score = key.new_full((num_kv, self.n), float("-inf"), dtype=torch.float32)
+            acc = self.layers[layer_idx] = LayerAccumulator(log_score)
             acc.col_sum = torch.zeros(num_heads, max(self.n - self.w, 0), dtype=torch.float64, device=key.device)
-        block = max(1, MAX_BLOCK_ELEMENTS // (num_heads * k_len))
+        block = max(1, min(r, MAX_BLOCK_ELEMENTS // (num_heads * k_len)))
         first = k_len - r  # key index of the first counted row's own token
+        key32 = key.float()
+        # two block buffers reused by every block: a fresh 16 MiB tensor per op costs more in page faults
+        # than the exp it holds
+        buffers = torch.empty(2, num_heads * block * k_len, dtype=torch.float32, device=key.device)
         for start in range(0, r, block):
-            a = chunk_probabilities(query[:, start : start + block], key, scaling, softcap, first + start)
-            self._reduce(acc, a[:, :, : self.n], num_kv)  # [H, b, n]: the prefix columns
+            rows = query[:, start : start + block]
+            logp = chunk_log_probabilities(rows, key32, scaling, softcap, first + start, buffers)
+            self._reduce(acc, logp[..., : self.n], acc.rows + start)  # [H_kv, g, b, n]: the prefix columns
         acc.rows += r
 
-    def _reduce(self, acc: LayerAccumulator, a: torch.Tensor, num_kv: int) -> None:
-        """Fold [H, b, n] probabilities over the prefix: the max (step 3) and the sums of step 4."""
-        num_heads, b, n = a.shape
-        group_max = a.reshape(num_kv, (num_heads // num_kv) * b, n).amax(dim=1)  # [H_kv, n]: rows and group
-        torch.maximum(acc.score, group_max, out=acc.score)
-        ev = a[:, :, : n - self.w] if self.w else a  # [H, b, n - w]
-        acc.entropy += float(torch.special.entr(ev).sum(dtype=torch.float64))
-        acc.col_sum += ev.sum(dim=1, dtype=torch.float64)
-        acc.sq_sum += float((ev.double() ** 2).sum())
+    def _reduce(self, acc: LayerAccumulator, logp: torch.Tensor, row0: int) -> None:
+        """Fold [H_kv, g, b, n] log-probabilities of rows row0 .. row0 + b - 1 of R over the prefix: the max
+        (step 3) over all of them, the sums of step 4 over its statistic rows."""
+        num_kv, group, b, n = logp.shape
+        torch.maximum(acc.log_score, logp.amax(dim=(1, 2)), out=acc.log_score)  # rows and GQA group
+        picked = [i for i in range(b) if (row0 + i) % self.stride == 0]
+        if not picked:
+            return
+        ev = logp[:, :, picked, : n - self.w] if self.w else logp[:, :, picked]  # [H_kv, g, s, n - w]
+        a = ev.exp()
+        acc.entropy -= float((a * ev).sum(dtype=torch.float64))  # Σ -A log A; prefix columns are never 0
+        acc.col_sum += a.reshape(num_kv * group, len(picked), -1).sum(dim=1, dtype=torch.float64)
+        acc.sq_sum += float((a * a).sum(dtype=torch.float64))
+        acc.stat_rows += len(picked)
 
 
-def chunk_probabilities(
-    query: torch.Tensor, key: torch.Tensor, scaling: float, softcap: float | None, first: int
-) -> torch.Tensor:
-    """Float32 attention probabilities of b consecutive new tokens over the prefix and the new keys.
+def chunk_log_probabilities(
+    query: torch.Tensor, key: torch.Tensor, scaling: float, softcap: float | None, first: int,
+    buffers: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Float32 log attention probabilities of b consecutive new tokens over the prefix and the new keys.
 
     Args:
         query: [H, b, d] rotated queries; row i is the token whose own key sits at index first + i.
         key: [H_kv, k, d] rotated keys: cached ones (all visible) then the new ones (causal).
         scaling: softmax scale; softcap: logit soft-capping c (c · tanh(x / c)) or None.
         first: key index of row 0's own token (k - q for the first row of a q-token forward).
+        buffers: [2, >= H·b·k] float32 scratch (allocated when None); the result is a view of buffers[0].
 
     Returns:
-        [H, b, k] float32; query head h reads KV head h // g (repeat_kv), keys after a row's own are 0.
+        [H_kv, g, b, k] float32 log-softmax; query head h = k·g + i reads KV head k (repeat_kv), keys after
+        a row's own are -inf.
     """
     num_heads, b, dim = query.shape
     num_kv, k_len, _ = key.shape
     group = num_heads // num_kv
+    size = num_heads * b * k_len
+    if buffers is None:
+        buffers = torch.empty(2, size, dtype=torch.float32, device=key.device)
     q = query.float().reshape(num_kv, group * b, dim)  # [H_kv, g·b, d]
-    logits = torch.bmm(q, key.float().transpose(1, 2)).mul_(scaling).view(num_kv, group, b, k_len)  # [H_kv, g, b, k]
+    logits = buffers[0, :size].view(num_kv, group * b, k_len)
+    torch.bmm(q, key.float().transpose(1, 2), out=logits)
+    logits = logits.mul_(scaling).view(num_kv, group, b, k_len)  # [H_kv, g, b, k]
     if softcap is not None:
         logits = logits.div_(softcap).tanh_().mul_(softcap)
-    rows = torch.arange(b, device=key.device).unsqueeze(1) + first  # [b, 1] each row's own key index
-    logits.masked_fill_(torch.arange(k_len, device=key.device).unsqueeze(0) > rows, float("-inf"))
-    return torch.softmax(logits, dim=-1).view(num_heads, b, k_len)  # [H, b, k]
+    if first + b > k_len:
+        raise ValueError(f"rows up to key {first + b - 1} for {k_len} keys")
+    tail = logits[..., first + 1 :]  # only keys after row 0's own can be hidden from a row
+    rows = torch.arange(b, device=key.device).unsqueeze(1)  # [b, 1]
+    tail.masked_fill_(torch.arange(tail.shape[-1], device=key.device).unsqueeze(0) >= rows, float("-inf"))
+    # logsumexp in place: torch.logsumexp allocates the shifted block, which costs more than the exp itself
+    logits.sub_(logits.amax(dim=-1, keepdim=True))
+    shifted = torch.exp(logits, out=buffers[1, :size].view(logits.shape))
+    return logits.sub_(shifted.sum(dim=-1, keepdim=True).log_())
 
 
 @dataclass(frozen=True)
@@ -228,7 +267,7 @@ def reconstruction_scores(
         raise ValueError(
             f"no room to reconstruct {t} tokens after a {n}-token prefix ({p}-token prompt, chunk {chunk})"
         )
-    scorer = ReconstructionScorer(n, min(config.window, n), cache.windows)
+    scorer = ReconstructionScorer(n, min(config.window, n), cache.windows, stat_stride(p + t))
     policy, cache.policy, tracking = cache.policy, scorer, cache.tracking_peak
     starts = list(range(0, t, room))
     sync_device(target_ids.device)
@@ -245,7 +284,7 @@ def reconstruction_scores(
     sync_device(target_ids.device)
     layers = [scorer.layers.get(i) for i in range(len(cache.layers))]
     stats = [acc.stats(config.tau1, config.tau2) if acc else None for acc in layers]
-    scores = [acc.score if acc else None for acc in layers]
+    scores = [acc.log_score.exp() if acc else None for acc in layers]
     return Reconstruction(scores, stats, p + t, len(starts), time.perf_counter() - began)
 
 

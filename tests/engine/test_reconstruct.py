@@ -24,10 +24,11 @@ model = cached_models(CASES)
 
 
 @torch.inference_mode()
-def reference(m, prefix, repeat, target, chunk: int, window: int, tau1: float = 1.0, tau2: float = 1.0):
+def reference(m, prefix, repeat, target, chunk: int, window: int, tau1: float = 1.0, tau2: float = 1.0, stride=1):
     """Per global layer: (S [H_kv, n], H_l, V_l, log P_l) from the model's own eager attention weights of
     every chunk (`repeat + piece` over a copy of the prefix's plain cache), rows as the engine defines them:
-    the repeat prompt's rows once (chunk 0), every target row; float64 sums, torch.var."""
+    the repeat prompt's rows once (chunk 0), every target row; the statistics over rows 0, s, 2s, ... of
+    them; float64 sums, torch.var."""
     m.set_attn_implementation("eager")
     cache = DynamicCache(config=m.config)
     m(prefix, cache=cache, use_cache=True)
@@ -46,7 +47,7 @@ def reference(m, prefix, repeat, target, chunk: int, window: int, tau1: float = 
         a = torch.cat(rows[i], dim=1)  # [H, R, n]
         heads, r, _ = a.shape
         score = a.reshape(num_kv, heads // num_kv * r, n).amax(dim=1)  # [H_kv, n]
-        ev = a[:, :, : n - window].double()
+        ev = a[:, ::stride, : n - window].double()
         h = float(torch.special.entr(ev).sum())
         v = float(ev.var(dim=1, unbiased=True).sum())
         result[i] = (score, h, v, log_preference(h, v, tau1, tau2))
@@ -72,6 +73,21 @@ def test_scores_equal_the_eager_reference(case, chunk):
         assert stats.log_preference == pytest.approx(log_p, rel=1e-4, abs=1e-4)
     for layer, before in zip(state.cache.layers, keys):  # the prefix cache is left as it was
         assert layer.seen == 40 and torch.equal(layer.keys, before)
+
+
+def test_statistics_over_every_sth_row_equal_the_reference(monkeypatch):
+    m, (prefix, repeat, target) = model("qwen3"), (ids_of(40, 7), ids_of(5, 8), ids_of(30, 9))
+    monkeypatch.setattr(reconstruct, "STAT_ROWS", 8)  # 35 rows: every 5th is a statistic row
+    assert reconstruct.stat_stride(35) == 5 and reconstruct.stat_stride(8) == 1
+    config = CakeConfig(budget=16, window=6, tau1=0.7, tau2=1.3)
+    want = reference(m, prefix, repeat, target, 12, 6, 0.7, 1.3, stride=5)
+    use_cake_attention(m, "sdpa")
+    rec = reconstruction_scores(m, prefill(m, prefix, None).cache, repeat, target, config, chunk=12)
+    for i, (score, h, v, log_p) in want.items():
+        torch.testing.assert_close(rec.scores[i], score, atol=2e-6, rtol=1e-5, msg=f"layer {i}")
+        stats = rec.stats[i]
+        assert stats.dispersion == pytest.approx(h, rel=1e-5) and stats.shift == pytest.approx(v, rel=1e-4)
+        assert stats.log_preference == pytest.approx(log_p, rel=1e-4, abs=1e-4)
 
 
 def test_row_blocks_do_not_change_the_scores(monkeypatch):

@@ -94,3 +94,21 @@ def test_summary_pairs_and_targets():
 def test_bad_agnostic_options(cli_env, args, words):
     result = runner.invoke(app, ["bench", "cache", "-m", "tiny-test", *args])
     assert result.exit_code == 2 and words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_table_script_prints_the_target_lines_the_cli_saved():
+    """`benchmarks/agnostic_table.py` on a finished run file prints the lines `cake bench cache` stored in it."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    run_file = root / "benchmarks/runs/agnostic-smollm2-smoke.json"
+    saved = json.loads(run_file.read_text())["agnostic"]["targets"]
+    env = {"COLUMNS": "400", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, str(root / "benchmarks/agnostic_table.py"), str(run_file)],
+                         capture_output=True, text=True, env=env, check=True).stdout  # fmt: skip
+    printed = [line for line in out.splitlines() if line.startswith(("PASS", "FAIL", "INFO"))]
+    assert printed == saved and len(saved) == 11
+    assert "documents: d25-n0@1024, d50-n1@1024" in out

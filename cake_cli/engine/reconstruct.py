@@ -180,15 +180,15 @@ class ReconstructionScorer:
         (step 3) over all of them, the sums of step 4 over its statistic rows."""
         num_kv, group, b, n = logp.shape
         torch.maximum(acc.log_score, logp.amax(dim=(1, 2)), out=acc.log_score)  # rows and GQA group
-        picked = [i for i in range(b) if (row0 + i) % self.stride == 0]
-        if not picked:
+        first = -row0 % self.stride  # the block's first statistic row (rows of R at multiples of s)
+        if first >= b:
             return
-        ev = logp[:, :, picked, : n - self.w] if self.w else logp[:, :, picked]  # [H_kv, g, s, n - w]
+        ev = logp[:, :, first :: self.stride, : n - self.w]  # [H_kv, g, s, n - w]
         a = ev.exp()
         acc.entropy -= float((a * ev).sum(dtype=torch.float64))  # Σ -A log A; prefix columns are never 0
-        acc.col_sum += a.reshape(num_kv * group, len(picked), -1).sum(dim=1, dtype=torch.float64)
+        acc.col_sum += a.flatten(0, 1).sum(dim=1, dtype=torch.float64)  # [H, n - w]: head h = k·g + i
         acc.sq_sum += float((a * a).sum(dtype=torch.float64))
-        acc.stat_rows += len(picked)
+        acc.stat_rows += a.shape[2]
 
 
 def chunk_log_probabilities(
@@ -207,6 +207,9 @@ def chunk_log_probabilities(
     Returns:
         [H_kv, g, b, k] float32 log-softmax; query head h = k·g + i reads KV head k (repeat_kv), keys after
         a row's own are -inf.
+
+    Raises:
+        ValueError: a row's own key would lie past the k keys (first + b > k).
     """
     num_heads, b, dim = query.shape
     num_kv, k_len, _ = key.shape

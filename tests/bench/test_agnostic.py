@@ -6,6 +6,11 @@ options refused in one line."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -98,11 +103,6 @@ def test_bad_agnostic_options(cli_env, args, words):
 
 def test_the_table_script_prints_the_target_lines_the_cli_saved():
     """`benchmarks/agnostic_table.py` on a finished run file prints the lines `cake bench cache` stored in it."""
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).parents[2]
     run_file = root / "benchmarks/runs/agnostic-smollm2-smoke.json"
     saved = json.loads(run_file.read_text())["agnostic"]["targets"]

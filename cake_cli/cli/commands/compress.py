@@ -38,33 +38,28 @@ Scoring = Annotated[
         help="When the document is scored: question = keep the prefix whole and let each question evict it "
         "(question-aware quality, full-size file); end / instruction = evict now, question-agnostic (B·L tokens "
         "on disk), with the window holding the document's last w tokens / a question-less instruction; "
-        "reconstruct = evict now by the attention of the model repeating the document (KVzip; about twice a "
-        "prefill's time; B·L tokens on disk; --method cake, --allocation uniform or --allocation global).",
+        "reconstruct = evict now by the attention of the model repeating the document (KVzip; 4-5x a "
+        "prefill's time on CPU; B·L tokens on disk; --method cake, --allocation uniform or --allocation global).",
     ),
 ]
 
-KvBits = Annotated[
-    int,
-    typer.Option(
-        "--kv-bits",
-        metavar="|".join(map(str, KV_BITS)),
-        help="Bits per key/value in the .cake file: 16 = the model's dtype; 8 or 4 = grouped affine quantization "
-        "(KIVI: keys per channel, values per token, groups of 32, the observation window kept exact). The file "
-        "shrinks, and so does memory while answering: a loaded file keeps its global layers quantized "
-        "(local sliding-window layers and per-head-length layers are dequantized).",
-    ),
-]
 
-ChatKvBits = Annotated[
-    int,
-    typer.Option(
-        "--kv-bits",
-        metavar="|".join(map(str, KV_BITS)),
-        help="Bits per key/value the compressed document is held at in memory: 16 = the model's dtype; 8 or 4 = "
-        "KIVI's grouped affine quantization as `cake compress --kv-bits` saves it (global layers; the "
-        "observation window and every question's tokens kept in the model's dtype).",
-    ),
-]
+def kv_bits_option(help_text: str):
+    """The `--kv-bits` option type (16, 8 or 4; checked by `check_kv_bits`) with its command's help."""
+    return Annotated[int, typer.Option("--kv-bits", metavar="|".join(map(str, KV_BITS)), help=help_text)]
+
+
+KvBits = kv_bits_option(
+    "Bits per key/value in the .cake file: 16 = the model's dtype; 8 or 4 = grouped affine quantization "
+    "(KIVI: keys per channel, values per token, groups of 32, the observation window kept exact). The file "
+    "shrinks, and so does memory while answering: a loaded file keeps its global layers quantized "
+    "(local sliding-window layers and per-head-length layers are dequantized)."
+)
+ChatKvBits = kv_bits_option(
+    "Bits per key/value the compressed document is held at in memory: 16 = the model's dtype; 8 or 4 = "
+    "KIVI's grouped affine quantization as `cake compress --kv-bits` saves it (global layers; the "
+    "observation window and every question's tokens kept in the model's dtype)."
+)
 
 
 def check_kv_bits(bits: int) -> None:

@@ -14,6 +14,7 @@ from cake_cli.bench.genre_cases import GENRE_TASKS, GenreSuite
 from cake_cli.bench.genres import GENRES, WHEEL_GENRES, missing_genre
 from cake_cli.bench.real_docs import load_set
 from cake_cli.bench.suites import REAL_LENGTHS, SUITES, TASKS, RealSuite, Suite, Variant, parse_variants
+from cake_cli.models.weights import check_weights
 from cake_cli.bench.tau_search import profile_variants, tau_variants
 from cake_cli.cli import options as o
 from cake_cli.engine.config import POOL_KINDS, CakeConfig
@@ -206,11 +207,13 @@ class GridSetup:
     kv_bits: tuple[int, ...] = (16, 8, 4)  # agnostic part: KV bits of the files
     plot: Path | None = None  # agnostic part: score vs file size
     diagnose: bool = False  # --diagnose survival: store each row's per-layer fact survival
+    weights: str = "bf16"  # the linear layers' format (`models.weights`)
 
 
 def grid_setup(
-    model, window, dtype, attention, threads, haystack, suite, budgets, variants, output, json_out, diagnose=False
-):
+    model, window, dtype, attention, threads, haystack, suite, budgets, variants, output, json_out, diagnose=False,
+    weights="bf16",
+):  # fmt: skip
     """Check a grid's options (cheap) and gather them.
 
     Raises:
@@ -230,8 +233,9 @@ def grid_setup(
         raise UsageError("--threads must be >= 0")
     configs = configs_for(model, window, budgets)
     return GridSetup(
-        model, dtype, attention, threads, haystack, suite, variants, configs, output, json_out, diagnose=diagnose
-    )
+        model, dtype, attention, threads, haystack, suite, variants, configs, output, json_out, diagnose=diagnose,
+        weights=check_weights(weights),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -213,12 +213,29 @@ class CakeCache(Cache):
             raise ValueError(f"{len(windows)} layer windows for {num_layers} layers")
         super().__init__(layers=[CakeLayer() if w is None else SlidingLayer(w) for w in windows])
         self.windows = windows
-        self.policy = policy
+        self._policy = policy
         self.peak_bytes = 0
         self.full_bytes = 0
         self.tracking_peak = True  # decode() turns it off: the peak reported is the prefill's
         self.accumulate_seconds = 0.0  # wall time spent accumulating H2O's scores, seconds
         self.accumulate(accumulate)
+
+    @property
+    def policy(self) -> EvictionPolicy | None:
+        """The eviction hook run after each layer attends (None: a plain full cache)."""
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: EvictionPolicy | None) -> None:
+        self.settle()  # what the outgoing policy deferred is carried out before another takes over
+        self._policy = policy
+
+    def settle(self) -> None:
+        """Carry out the evictions the policy deferred to batch them across layers
+        (`decode.FixedDecode.flush`); called before the cache is written or measured."""
+        flush = getattr(self._policy, "flush", None)
+        if flush is not None:
+            flush(self)
 
     def accumulate(self, on: bool) -> None:
         """Start (a global layer's entries held now start at 0) or stop (scores dropped) accumulating
@@ -244,6 +261,8 @@ class CakeCache(Cache):
             raise NonFiniteError(
                 f"layer {layer_idx} produced non-finite keys/values ({key_states.dtype}); nothing non-finite is cached"
             )
+        if layer_idx == 0:  # a forward starts: the previous step's deferred evictions are due
+            self.settle()
         layer = self.layers[layer_idx]
         keys, values = layer.update(key_states, value_states)
         if layer.seen == key_states.shape[-2]:  # the prompt's first pass
@@ -292,6 +311,7 @@ class CakeCache(Cache):
 
     def kv_bytes(self) -> int:
         """Bytes held now by every layer's key and value tensors, measured from the tensors."""
+        self.settle()
         return sum(layer.nbytes() for layer in self.layers)
 
     def track_peak(self, transient: int = 0) -> None:
@@ -302,6 +322,7 @@ class CakeCache(Cache):
 
     def lengths(self) -> list[int]:
         """Slots held per layer (a ragged layer's padding included: its longest head; see `head_lengths`)."""
+        self.settle()
         return [layer.live() for layer in self.layers]
 
     def head_lengths(self) -> list[list[int] | None]:

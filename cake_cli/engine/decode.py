@@ -15,11 +15,15 @@ from __future__ import annotations
 import time
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.headlengths import live_slots, pack_heads
-from cake_cli.engine.indicators import accumulates, token_scores, top_k_sorted
+from cake_cli.engine.indicators import SNAPKV_POOL, accumulates, token_scores, top_k_sorted
 from cake_cli.engine.window import window_attention
+
+PAD_POSITION = 2.0**62  # a padded slot's position, after every real one (pad_sequence takes it as a float: exact)
+BATCHED = frozenset({"cake", "snapkv", "tova"})  # indicators `batched_victims` scores: finite scores from `a` alone
 
 
 class FixedDecode:
@@ -31,18 +35,30 @@ class FixedDecode:
     queries' attention (H2O: from the layer's accumulated scores, this step's queries included, which
     `cache.CakeCache.after_attention` added before); the most recent w tokens are never evicted.
 
+    The usual step (one new token, one eviction per layer, a layer whose KV heads hold the same
+    number of tokens, one of the `BATCHED` indicators) is deferred: each layer's probabilities wait
+    in `pending` and `flush` scores every layer of the step at once (`batched_victims`), before the
+    cache is next written or measured (`cache.CakeCache.settle`). Nothing reads a layer between its
+    attention and its next update, so the victims are those the per-layer path picks, with about
+    20 tensor operations per step instead of per layer.
+
     Args:
         config: CAKE settings (window, indicator, pooling, gamma).
         capacity: [L] tokens per layer, e.g. B_l + w after an evicting prefill.
+        batched: defer the usual step to `flush` (False: every layer scored as it attends, the
+            reference the batched path is tested against).
 
     Attributes:
         seconds: wall time spent scoring and evicting, seconds.
+        pending: (layer index, probs [H, 1, k]) of the layers attended since the last `flush`.
     """
 
-    def __init__(self, config: CakeConfig, capacity: list[int]):
+    def __init__(self, config: CakeConfig, capacity: list[int], batched: bool = True):
         self.config = config
         self.capacity = capacity
         self.seconds = 0.0
+        self.batched = batched and config.indicator in BATCHED
+        self.pending: list[tuple[int, torch.Tensor]] = []
 
     def needs_probs(self, layer_idx: int, key_len: int) -> bool:
         """True when a layer holding `key_len` slots is over capacity (it will evict now)."""
@@ -71,8 +87,13 @@ class FixedDecode:
         cap, cfg = self.capacity[layer_idx], self.config
         if k <= cap or cache.layers[layer_idx].window is not None:
             return
-        start = time.perf_counter()
         layer = cache.layers[layer_idx]
+        if self.batched and probs is not None and layer.start is None and k - cap == 1 and query.shape[2] == 1:
+            if any(i == layer_idx for i, _ in self.pending):  # attended twice without a new forward: settle first
+                self.flush(cache)
+            self.pending.append((layer_idx, probs))  # scored with the step's other layers by `flush`
+            return
+        start = time.perf_counter()
         if layer.start is not None:
             self._evict_ragged(layer, query, key, scaling, probs, softcap, cap)
             self.seconds += time.perf_counter() - start
@@ -102,6 +123,23 @@ class FixedDecode:
             chosen = top_k_sorted(scores, cap - w)  # [H_kv, cap - w] in position-order space
             recent = torch.arange(m, k, device=chosen.device).expand(num_kv, w)
             layer.keep(order.gather(1, torch.cat([chosen, recent], dim=-1)))
+        self.seconds += time.perf_counter() - start
+
+    def flush(self, cache) -> None:
+        """Evict one token from every layer in `pending` (`batched_victims`): each layer's victim slot
+        is released, and the layer's next single-token update overwrites it."""
+        if not self.pending:
+            return
+        start = time.perf_counter()
+        pending, self.pending = self.pending, []
+        slots = batched_victims(
+            self.config,
+            [probs for _, probs in pending],
+            [cache.layers[i].positions for i, _ in pending],
+            [self.capacity[i] for i, _ in pending],
+        )  # [P, H_kv]
+        for (i, _), slot in zip(pending, slots.unbind(0)):
+            cache.layers[i].release(slot)
         self.seconds += time.perf_counter() - start
 
     def _evict_ragged(self, layer, query, key, scaling, probs, softcap, cap: int) -> None:
@@ -135,6 +173,61 @@ class FixedDecode:
             layer.release(torch.stack(victims))  # [H_kv]
         else:
             pack_heads(layer, rows)
+
+
+def batched_victims(
+    config: CakeConfig, probs: list[torch.Tensor], positions: list[torch.Tensor], capacity: list[int]
+) -> torch.Tensor:
+    """The slot each KV head of P layers evicts after one decode token, all layers at once: what
+    `FixedDecode.after_attention` picks layer by layer (the lowest indicator score among the
+    candidates in position order, the most recent w = min(window, capacity) kept; among ties the
+    latest), for an indicator of `BATCHED`.
+
+    The layers hold different numbers of slots k_l (= capacity + 1), so they are padded to the
+    longest: padded slots sort after every real one (`PAD_POSITION`), and from each layer's
+    m_l = k_l - w_l-th candidate on, the attention is set to what the pooling pads with (0 for
+    average, -inf for max pooling), so each candidate's pooled score is the one-layer score; the
+    padded and window slots then score +inf, out of the running for the minimum.
+
+    Args:
+        config: the indicator, pooling, gamma and window (docs/method.md §Decoding, Eq. 11).
+        probs: P tensors [H, 1, k_l] float32, the new query's attention over the layer's slots.
+        positions: P tensors [H_kv, k_l] int64, the true position of each slot.
+        capacity: P ints, the layer's tokens after eviction (k_l - 1).
+
+    Returns:
+        [P, H_kv] int64 slot index per layer and KV head.
+
+    Raises:
+        ValueError: an indicator outside `BATCHED`, or a layer that is not exactly one over capacity.
+    """
+    if config.indicator not in BATCHED:
+        raise ValueError(f"batched_victims scores {', '.join(sorted(BATCHED))}, not {config.indicator!r}")
+    sizes = [p.shape[-1] for p in probs]
+    if any(k != cap + 1 for k, cap in zip(sizes, capacity)):
+        raise ValueError(f"each layer must hold one slot over its capacity: slots {sizes}, capacity {capacity}")
+    num_heads, num_kv, kmax = probs[0].shape[0], positions[0].shape[0], max(sizes)
+    device = probs[0].device
+    pos = pad_sequence([p.t() for p in positions], batch_first=True, padding_value=PAD_POSITION)
+    order = pos.transpose(1, 2).argsort(dim=-1)  # [P, H_kv, kmax]: slots in position order, padding last
+    att = pad_sequence([p[:, 0, :].t() for p in probs], batch_first=True).transpose(1, 2)  # [P, H, kmax]
+    att = att.gather(2, order.repeat_interleave(num_heads // num_kv, dim=1))  # [P, H, kmax] in position order
+    candidates = torch.tensor([k - min(config.window, cap) for k, cap in zip(sizes, capacity)], device=device)
+    outside = torch.arange(kmax, device=device) >= candidates[:, None]  # [P, kmax]: window and padding
+    pool_kind = {"cake": config.pool_kind, "snapkv": SNAPKV_POOL[0]}.get(config.indicator, "avg")
+    att.masked_fill_(outside[:, None, :], float("-inf") if pool_kind == "max" else 0.0)
+    sorted_pos = pos.transpose(1, 2).gather(2, order)  # [P, H_kv, kmax]
+    scores = token_scores(
+        config.indicator,
+        att.view(-1, 1, kmax),
+        sorted_pos.reshape(-1, kmax),
+        len(probs) * num_kv,
+        gamma=config.gamma,
+        pool=(config.pool_kind, config.pool_kernel),
+    ).view(len(probs), num_kv, kmax)  # [P, H_kv, kmax]
+    scores.masked_fill_(outside[:, None, :], float("inf"))
+    victim = (kmax - 1) - torch.argmin(scores.flip(-1), dim=-1)  # [P, H_kv]: lowest; among ties the latest
+    return order.gather(2, victim.unsqueeze(-1)).squeeze(-1)  # [P, H_kv]
 
 
 class GrowDecode:

@@ -304,6 +304,7 @@ def decode(
         decode_seconds += time.perf_counter() - t1
         steps += 1
 
+    cache.settle()
     times = (decode_seconds, sampling_seconds, steps)
     return _result(state, n, tokens, stop_reason, times, decode_policy)
 

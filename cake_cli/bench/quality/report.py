@@ -33,7 +33,8 @@ from cake_cli.files import write_atomic
 FORMAT = "cake-bench-quality"
 FORMAT_VERSION = 1
 # a resumed file must agree on these
-META_MUST_MATCH = ("model", "split", "haystack", "window", "dtype", "long", "seed")
+META_MUST_MATCH = ("model", "split", "haystack", "window", "dtype", "weights", "long", "seed")
+META_DEFAULTS = {"weights": "bf16"}  # what a file made before the key was stored was run with
 OLD_DRAW = 1  # the case draw of files whose meta predates the "draw" field
 TASK_TITLES = {
     "s-rt": "single-needle retrieval (S-RT)",
@@ -73,9 +74,10 @@ def check_resumable(path: Path, old: dict, new: dict) -> None:
     """Raise UsageError when a results file was made with other settings than this run's: one of
     META_MUST_MATCH, or another case draw (its cases hold other questions under the same keys)."""
     for key in META_MUST_MATCH:
-        if old and key in old and old[key] != new.get(key):
+        was = old.get(key, META_DEFAULTS.get(key)) if old else None
+        if was is not None and (key in old or key in new) and was != new.get(key, META_DEFAULTS.get(key)):
             raise UsageError(
-                f"{path} was made with {key} = {old[key]!r}, this run has {new.get(key)!r}",
+                f"{path} was made with {key} = {was!r}, this run has {new.get(key)!r}",
                 "give another --output to start a new results file",
             )
     draw, mine = old.get("draw", OLD_DRAW), new.get("draw", CASE_DRAW)

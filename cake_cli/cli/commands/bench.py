@@ -126,6 +126,7 @@ def quality(
     quick: Quick = False,
     threads: Threads = 1,
     dtype: o.Dtype = "auto",
+    weights: o.Weights = "bf16",
     attention: o.Attention = "auto",
     json_out: o.Json = False,
 ) -> None:
@@ -155,7 +156,7 @@ def quality(
         sizes = int_list(budgets or ("128,256,512" if quick else "64,128,256,512,1024"), "--budgets")
         variants = parse_variants(methods, pairings)
         where = (haystack, chosen, sizes, variants, output, json_out, diagnose == "survival")
-        setup = grid_setup(model, window, dtype, attention, threads, *where)
+        setup = grid_setup(model, window, dtype, attention, threads, *where, weights=weights)
         from cake_cli.cli.runners import bench as bench_run  # noqa: PLC0415 - torch loads after the checks
 
         bench_run.quality(setup, plot, markdown)

@@ -71,6 +71,7 @@ def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
         **({"genres": list(suite.genres), "seed": suite.seed} if isinstance(suite, GenreSuite) else {}),
         "device": str(loaded.device),
         "dtype": str(loaded.dtype).replace("torch.", ""),
+        "weights": loaded.weights,
         "threads": torch.get_num_threads(),
         "machine": machine(),
         "command": command_line(),
@@ -106,7 +107,7 @@ def grid_rows(setup: GridSetup, rows: list[dict]) -> tuple[list[dict], list[dict
 def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, dict, list[dict]]:
     """Load the model, resume `setup.output`, run the pending cells with a progress bar, save after
     every case. Returns (loaded model, meta, the rows of this run's setting: `report.of_setting`)."""
-    loaded = load(setup.model, setup.dtype, setup.attention)
+    loaded = load(setup.model, setup.dtype, setup.attention, setup.weights)
     budgets = list(setup.configs)
     runner_model = QualityModel(loaded.model, loaded.tokenizer, prompt_limit(loaded, 64), stop_token_ids(loaded))
     meta = _meta(loaded, setup, extra_meta)

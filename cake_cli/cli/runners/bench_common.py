@@ -29,14 +29,16 @@ def command_line() -> str:
     return "cake " + " ".join(sys.argv[1:])
 
 
-def load(model: str | None, dtype: str, attention: str) -> LoadedModel:
-    """Load a model for a benchmark and switch it to CAKE attention (status lines on stderr).
+def load(model: str | None, dtype: str, attention: str, weights: str = "bf16") -> LoadedModel:
+    """Load a model for a benchmark and switch it to CAKE attention (status lines on stderr);
+    `weights`: the linear layers' format (`models.weights`).
 
     Raises:
         CakeError: see `tasks.runner.load_ready`.
     """
     err = stderr_console()
-    return load_ready(model, dtype, attention, on_status=lambda m: err.print(f"[dim]{escape(m)}[/]")).loaded
+    status = lambda m: err.print(f"[dim]{escape(m)}[/]")  # noqa: E731
+    return load_ready(model, dtype, attention, on_status=status, weights=weights).loaded
 
 
 def progress_bar() -> Progress | LineProgress:

@@ -1,0 +1,99 @@
+"""The fixed decode policy's batched step (`decode.batched_victims`) against its per-layer path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cake_cli.engine.decode as decode_module
+from cake_cli.engine.attention import use_cake_attention
+from cake_cli.engine.cache import CakeCache
+from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.decode import FixedDecode, batched_victims
+from cake_cli.engine.generate import generate
+
+HEADS, KV_HEADS, DIM = 6, 2, 4
+
+
+def random_layers(capacity: list[int], seed: int, levels: int | None):
+    """A cache of len(capacity) layers, layer l holding capacity[l] + 1 slots with shuffled true
+    positions, and one decode query's probabilities [H, 1, k] per layer; with `levels`, the
+    probabilities take few distinct values, so the indicator has ties."""
+    g = torch.Generator().manual_seed(seed)
+    cache = CakeCache(len(capacity))
+    probs = []
+    for layer, cap in zip(cache.layers, capacity):
+        k = cap + 1
+        layer.update(torch.randn(1, KV_HEADS, k, DIM, generator=g), torch.randn(1, KV_HEADS, k, DIM, generator=g))
+        gaps = torch.randint(1, 4, (KV_HEADS, k), generator=g).cumsum(dim=1)  # distinct, increasing per head
+        shuffle = torch.stack([torch.randperm(k, generator=g) for _ in range(KV_HEADS)])
+        layer.positions = gaps.gather(1, shuffle)  # [H_kv, k] slot order is not position order
+        logits = torch.randn(HEADS, 1, k, generator=g)
+        if levels is not None:
+            logits = logits.mul(levels / 4).round()
+        probs.append(torch.softmax(logits, dim=-1))
+    return cache, probs
+
+
+def per_layer_victims(config: CakeConfig, cache: CakeCache, probs, capacity) -> torch.Tensor:
+    """The slots `FixedDecode.after_attention` releases, one layer at a time (its reference path)."""
+    policy = FixedDecode(config, capacity, batched=False)
+    query = torch.zeros(1, HEADS, 1, DIM)
+    slots = []
+    for i, (layer, p) in enumerate(zip(cache.layers, probs)):
+        policy.after_attention(cache, i, query, layer.keys, 1.0, probs=p)
+        slots.append(layer.free.clone())
+        layer.free = None
+    return torch.stack(slots)  # [P, H_kv]
+
+
+CONFIGS = [
+    CakeConfig(budget=16, window=4),  # the paper's avg pooling, kernel 5
+    CakeConfig(budget=16, window=4, pool_kind="max", pool_kernel=7),
+    CakeConfig(budget=16, window=8, pool_kind="avg", pool_kernel=1),
+    CakeConfig(budget=16, window=4, indicator="snapkv"),
+    CakeConfig(budget=16, window=4, indicator="tova"),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.indicator}-{c.pool_kind}{c.pool_kernel}-w{c.window}")
+@pytest.mark.parametrize("levels", [None, 2])
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_victims_equal_the_per_layer_path(config, levels, seed):
+    capacity = [12, 30, 9, 21, 5, 30]  # layers of different lengths; 5 < window + kernel: candidates near the edge
+    cache, probs = random_layers(capacity, seed, levels)
+    want = per_layer_victims(config, cache, probs, capacity)
+    got = batched_victims(config, probs, [layer.positions for layer in cache.layers], capacity)
+    assert got.tolist() == want.tolist()
+    assert (got < torch.tensor(capacity)[:, None] + 1).all()
+
+
+def test_batched_victims_refuse_what_they_do_not_score():
+    config = CakeConfig(budget=16, window=4)
+    cache, probs = random_layers([8], 0, None)
+    positions = [cache.layers[0].positions]
+    with pytest.raises(ValueError, match="one slot over its capacity"):
+        batched_victims(config, probs, positions, [6])
+    with pytest.raises(ValueError, match="not 'h2o'"):
+        batched_victims(CakeConfig(budget=16, window=4, indicator="h2o"), probs, positions, [8])
+
+
+@pytest.mark.parametrize("indicator", ["cake", "snapkv"])
+def test_generation_with_the_batched_step_equals_the_per_layer_step(tiny_model, monkeypatch, indicator):
+    """Same tokens and the same logits at every step, bit for bit, and the same cache afterwards."""
+    ids = torch.randint(0, 97, (1, 72), generator=torch.Generator().manual_seed(3))
+    config = CakeConfig(budget=20, window=6, indicator=indicator, decode_policy="fixed")
+    use_cake_attention(tiny_model, "sdpa")
+    runs = []
+    for batched in (True, False):
+        if not batched:
+            monkeypatch.setattr(decode_module, "BATCHED", frozenset())
+        logits: list[torch.Tensor] = []
+        result = generate(tiny_model, ids, config, max_new_tokens=10, step_logits=logits)
+        runs.append((result, logits))
+    (fast, fast_logits), (slow, slow_logits) = runs
+    assert fast.token_ids == slow.token_ids and len(fast.token_ids) == 10
+    for a, b in zip(fast_logits, slow_logits):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert fast.kv_bytes_final == slow.kv_bytes_final
+    assert fast.eviction_seconds > 0

@@ -14,13 +14,13 @@ from cake_cli.bench.genre_cases import GENRE_TASKS, GenreSuite
 from cake_cli.bench.genres import GENRES, WHEEL_GENRES, missing_genre
 from cake_cli.bench.real_docs import load_set
 from cake_cli.bench.suites import REAL_LENGTHS, SUITES, TASKS, RealSuite, Suite, Variant, parse_variants
-from cake_cli.models.weights import check_weights
 from cake_cli.bench.tau_search import profile_variants, tau_variants
 from cake_cli.cli import options as o
 from cake_cli.engine.config import POOL_KINDS, CakeConfig
 from cake_cli.engine.methods import METHODS
 from cake_cli.errors import CakeError, UsageError, unknown_name
 from cake_cli.models.profiles import profile_of
+from cake_cli.models.weights import check_weights
 from cake_cli.tasks.planning import cake_config_for
 from cake_cli.tasks.request import LONG_MODES, MIDDLE, TaskRequest
 

@@ -31,6 +31,7 @@ from cake_cli.models import gguf
 from cake_cli.models.checkpoints import embedded_of_dir
 from cake_cli.models.dtypes import auto_dtype, check_dtype, cpu_bf16_flags
 from cake_cli.models.embedded import EMBEDDED_MODELS, match_gguf
+from cake_cli.models.heap import release_freed_memory
 from cake_cli.models.profiles import Profile, check_model_spec, embedded_profile, model_spec
 from cake_cli.models.support import check_architecture, check_loaded
 from cake_cli.models.weight_cache import quantize_cached
@@ -129,6 +130,7 @@ def load_model(
         path, hit, seconds = quantize_cached(model, tokenizer, source.path, scheme, progress)
         if progress:
             progress(f"{scheme} weights {'read from' if hit else 'saved to'} {path} ({seconds:.1f} s)")
+    release_freed_memory()  # the load's converted and replaced tensors, otherwise resident (`models.heap`)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from cake_cli.bench.memory import PeakRss
-from cake_cli.bench.speed.rows import WARMUP_NEW_TOKENS, WARMUP_TOKENS, median_row
+from cake_cli.bench.speed.rows import WARMUP_NEW_TOKENS, WARMUP_TOKENS, median_row, one_prefill
 from cake_cli.errors import CakeError
 from cake_cli.models.embedded import EMBEDDED_MODELS, assemble, locate
 
@@ -50,7 +50,7 @@ def model_gguf(spec: str | None, embedded: str | None, folder: Path) -> Path:
     return assemble(em, locate(em), folder / em.gguf_file)
 
 
-def _argmax(llm) -> int:
+def next_token(llm) -> int:
     """The greedy next token: argmax of the last evaluated token's logits, read from the context
     (``Llama.eval`` keeps no logits unless every token's are asked for)."""
     import llama_cpp  # noqa: PLC0415 - optional dependency
@@ -60,20 +60,37 @@ def _argmax(llm) -> int:
     return int(logits.argmax())
 
 
-def _greedy(llm, token_ids: list[int], new_tokens: int) -> dict:
-    """One run: prefill `token_ids`, then `new_tokens` greedy tokens (new_tokens - 1 decode steps)."""
+def _prefill(llm, token_ids: list[int]) -> tuple[float, float, int]:
+    """Prefill `token_ids` from an empty cache: (prefill seconds, time to first token, the first token)."""
     llm.reset()
+    start = time.perf_counter()
+    llm.eval(token_ids)
+    prefill = time.perf_counter() - start
+    token = next_token(llm)
+    return prefill, time.perf_counter() - start, token
+
+
+def _decode(llm, token: int, steps: int) -> float:
+    """`steps` greedy decode steps from `token` (one ``eval`` each): seconds."""
+    begin = time.perf_counter()
+    for _ in range(steps):
+        llm.eval([token])
+        token = next_token(llm)
+    return time.perf_counter() - begin
+
+
+def _greedy(llm, token_ids: list[int], new_tokens: int, prefilled=None) -> dict:
+    """One run: prefill `token_ids`, then `new_tokens` greedy tokens (new_tokens - 1 decode steps).
+
+    `prefilled` = (llama state after the prefill, prefill seconds, TTFT, first token): restore that
+    state instead of prefilling again (`--prefill-once`); its times are reported again."""
     with PeakRss() as rss:
-        start = time.perf_counter()
-        llm.eval(token_ids)
-        prefill = time.perf_counter() - start
-        token = _argmax(llm)
-        ttft = time.perf_counter() - start
-        begin = time.perf_counter()
-        for _ in range(new_tokens - 1):
-            llm.eval([token])
-            token = _argmax(llm)
-        decode = time.perf_counter() - begin
+        if prefilled is None:
+            prefill, ttft, token = _prefill(llm, token_ids)
+        else:
+            state, prefill, ttft, token = prefilled
+            llm.load_state(state)
+        decode = _decode(llm, token, new_tokens - 1)
     steps = new_tokens - 1
     return {
         "prefill_seconds": prefill,
@@ -90,13 +107,24 @@ def _greedy(llm, token_ids: list[int], new_tokens: int) -> dict:
     }
 
 
-def llama_row(gguf: Path, token_ids: list[int], group: str, *, new_tokens: int, threads: tuple, repeats: int = 3):
+def llama_row(
+    gguf: Path,
+    token_ids: list[int],
+    group: str,
+    *,
+    new_tokens: int,
+    threads: tuple,
+    repeats: int = 3,
+    prefill_once: bool = False,
+):
     """The llama.cpp SpeedRow of `token_ids` (our tokenizer's ids: the same GGUF's vocabulary).
 
     Args:
         gguf: the model's GGUF file (the embedded one, assembled, or the --model file).
         group: the row's group, "<model> · <dtype> · llama.cpp".
         threads: (prefill, decode) CPU threads, as our rows use.
+        prefill_once: one timed prefill, its state saved (``Llama.save_state``) and restored before
+            each of the `repeats` decodes (`rows.run_speed`'s option of the same name).
 
     Raises:
         CakeError: llama-cpp-python missing (with the install command) or the GGUF cannot be loaded.
@@ -118,5 +146,10 @@ def llama_row(gguf: Path, token_ids: list[int], group: str, *, new_tokens: int, 
     except (ValueError, RuntimeError, OSError) as exc:
         raise CakeError(f"llama.cpp cannot load {gguf.name}: {exc}") from None
     _greedy(llm, token_ids[:WARMUP_TOKENS], WARMUP_NEW_TOKENS)  # warm-up, not measured
-    runs = [_greedy(llm, token_ids, new_tokens) for _ in range(repeats)]
-    return median_row(group, len(token_ids), METHOD, None, runs, f"{threads[0]}/{threads[1]}")
+    prefilled = None
+    if prefill_once:
+        prefill, ttft, token = _prefill(llm, token_ids)
+        prefilled = (llm.save_state(), prefill, ttft, token)
+    runs = [_greedy(llm, token_ids, new_tokens, prefilled) for _ in range(repeats)]
+    row = median_row(group, len(token_ids), METHOD, None, runs, f"{threads[0]}/{threads[1]}")
+    return one_prefill(row) if prefill_once else row

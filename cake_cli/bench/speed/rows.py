@@ -11,6 +11,7 @@ cannot beat.
 
 from __future__ import annotations
 
+import copy
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -110,11 +111,19 @@ def config_for(method: str, base: CakeConfig) -> CakeConfig | None:
     return with_method(base, method)
 
 
-def measure(model, ids: torch.Tensor, config: CakeConfig | None, new_tokens: int, threads: Threads) -> dict:
-    """One run: prefill on `threads.prefill` threads, then `new_tokens` greedy tokens on `threads.decode`."""
+def measure(
+    model, ids: torch.Tensor, config: CakeConfig | None, new_tokens: int, threads: Threads, prefilled=None
+) -> dict:
+    """One run: prefill on `threads.prefill` threads, then `new_tokens` greedy tokens on `threads.decode`.
+
+    `prefilled` (a `generate.Prefilled` of the same ids and config): decode from a copy of it instead
+    of prefilling again (`--prefill-once`); its prefill time is reported again."""
     with PeakRss() as rss:
-        with threads_using(threads.prefill):
-            state = prefill(model, ids, config, collect_stats=False)
+        if prefilled is None:
+            with threads_using(threads.prefill):
+                state = prefill(model, ids, config, collect_stats=False)
+        else:
+            state = copy.deepcopy(prefilled)  # decoding changes the cache; the next repeat starts from the same one
         r = decode_following_load(threads, decode, model, ids, state, config, max_new_tokens=new_tokens)
     first = r.sampling_seconds / max(len(r.token_ids), 1)  # choosing one token
     return {
@@ -155,6 +164,15 @@ def median_row(group: str, length: int, method: str, budget: int | None, runs: l
     )
 
 
+def one_prefill(row: SpeedRow) -> SpeedRow:
+    """A row whose repeats decoded from one timed prefill: its prefill (and TTFT) samples are that one
+    run, so comparisons of them count a single repeat."""
+    samples = dict(row.samples)
+    for key in ("prefill_seconds", "ttft_seconds"):
+        samples[key] = samples[key][:1]
+    return replace(row, samples=samples)
+
+
 def run_speed(
     model,
     token_ids: list[int],
@@ -167,6 +185,7 @@ def run_speed(
     new_tokens: int = 32,
     repeats: int = 3,
     on_case: Callable[[str], None] | None = None,
+    prefill_once: bool = False,
 ) -> list[SpeedRow]:
     """Measure every (length, method) plus the decode limit at the budget.
 
@@ -182,6 +201,9 @@ def run_speed(
         repeats: timed runs per case, after one unmeasured warm-up run of this call; the median is
             reported, every repeat kept in `SpeedRow.samples`.
         on_case: progress callback, called before each run with a short label.
+        prefill_once: time one prefill per case and decode `repeats` times from copies of its state
+            (long contexts, where a prefill takes minutes): the row's prefill has one sample, so no
+            prefill verdict can be drawn from it (`Spread.repeats`).
 
     Returns:
         One SpeedRow per (length, method), then one "limit" row (full cache, prompt = budget).
@@ -200,10 +222,14 @@ def run_speed(
     for n, method in cases:
         ids = torch.tensor([token_ids[:n]], device=device)
         config = None if method == "limit" else config_for(method, base)
-        runs = []
+        runs, state = [], None
         for r in range(repeats):
             if on_case:
                 on_case(f"{group}: {method} @ {n} tokens, run {r + 1}/{repeats}")
-            runs.append(measure(model, ids, config, new_tokens, threads))
-        rows.append(median_row(group, n, method, None if config is None else base.budget, runs, label))
+            if prefill_once and state is None:
+                with threads_using(threads.prefill):
+                    state = prefill(model, ids, config, collect_stats=False)
+            runs.append(measure(model, ids, config, new_tokens, threads, state))
+        row = median_row(group, n, method, None if config is None else base.budget, runs, label)
+        rows.append(one_prefill(row) if prefill_once else row)
     return rows

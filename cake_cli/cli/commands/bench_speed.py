@@ -74,6 +74,23 @@ def speed(
             "bench extra's llama-cpp-python).",
         ),
     ] = False,
+    prefill_once: Annotated[
+        bool,
+        o._flag(
+            "--prefill-once",
+            help="Time one prefill per row and decode --repeats times from copies of its state (llama.cpp: its "
+            "saved state): for long contexts, where a prefill takes minutes; prefill verdicts then say 'too few "
+            "repeats'.",
+        ),
+    ] = False,
+    rss: Annotated[
+        bool,
+        o._flag(
+            "--rss",
+            help="With --llama: also CAKE's and llama.cpp's peak process memory at every length, each engine "
+            "alone in a child process (one more prefill each).",
+        ),
+    ] = False,
     weights: o.Weights = "bf16",
     attention: o.Attention = "auto",
     json_out: o.Json = False,
@@ -91,6 +108,8 @@ def speed(
         tasks = [t.strip() for t in cli_tasks.split(",") if t.strip()]
         if any(t not in ("qa", "summarize") for t in tasks):
             raise UsageError(f"--cli-tasks takes qa and summarize, got '{cli_tasks}'")
+        if rss and not llama:
+            raise UsageError("--rss compares CAKE's process memory with llama.cpp's", "add --llama")
         if new_tokens < 2 or repeats < 1:
             raise UsageError("--new-tokens must be >= 2 and --repeats >= 1")
         model_list = [m.strip() for m in models.split(",")] if models else [None]
@@ -117,5 +136,7 @@ def speed(
                 json_out,
                 llama,
                 check_weights(weights),
+                prefill_once,
+                rss,
             )
         )

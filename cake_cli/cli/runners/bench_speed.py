@@ -8,7 +8,7 @@ import json
 import sys
 import tempfile
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rich.markup import escape
@@ -18,6 +18,7 @@ from cake_cli.bench.speed.llama import llama_row, model_gguf
 from cake_cli.bench.speed.paths import QUESTION, busy_core, cli_row, document_file, kvpress_row, safe
 from cake_cli.bench.speed.report import ratios, speed_tables
 from cake_cli.bench.speed.rows import WARMUP_TOKENS, run_speed
+from cake_cli.bench.speed.rss import ChildRun, memory_lines, process_peak
 from cake_cli.bench.speed.targets import target_lines
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.cli.runners.bench_common import command_line, machine, progress_bar
@@ -46,10 +47,13 @@ class SpeedSetup:
     json_out: bool
     llama: bool = False  # llama.cpp rows beside the engine's (`speed.llama`)
     weights: str = "bf16"  # --weights of every row (`models.weights`)
+    prefill_once: bool = False  # engine and llama.cpp rows: one timed prefill, `repeats` decodes from it
+    rss: bool = False  # process memory of CAKE and llama.cpp in child processes (`speed.rss`)
 
 
-def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, on_case, warn) -> list:
-    """Every row of one model in one dtype (the CLI, busy and kvpress rows for the first dtype only)."""
+def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, on_case, warn, memory: list) -> list:
+    """Every row of one model in one dtype (the CLI, busy, kvpress and memory rows for the first dtype
+    only; memory rows are appended to `memory`)."""
     request = TaskRequest(
         task="qa", document="-", model=model, dtype=dtype, attention=setup.attention, weights=setup.weights
     )
@@ -78,13 +82,39 @@ def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, o
         new_tokens=setup.new_tokens,
         repeats=setup.repeats,
         on_case=on_case,
+        prefill_once=setup.prefill_once,
     )
     if not first:
         return rows
     if setup.llama:
         rows += _llama_rows(model, loaded, ids, lengths, group, threads, setup, on_case, warn)
+    if setup.rss:
+        memory += _memory_rows(model, loaded, ids, lengths, name, base, threads, setup, on_case, warn)
     rows += _path_rows(setup, ready, request, ids[:n], group, base, on_case, warn)
     return rows
+
+
+def _memory_rows(model, loaded, ids, lengths, name, base, threads, setup, on_case, warn) -> list:
+    """CAKE's and llama.cpp's peak process memory at every length, each in a child process
+    (`speed.rss`); one warning line where one cannot run."""
+    out: list = []
+    dtype = str(loaded.dtype).replace("torch.", "")
+    with tempfile.TemporaryDirectory() as tmp:
+        embedded = loaded.profile.embedded if loaded.profile else None
+        for n in lengths:
+            for engine in ("cake", "llama.cpp"):
+
+                def make(n=n, engine=engine):
+                    on_case(f"{name}: process memory, {engine} @ {n} tokens")
+                    spec = str(model_gguf(model, embedded, Path(tmp))) if engine == "llama.cpp" else model
+                    run = ChildRun(
+                        engine, spec, dtype, setup.weights, setup.attention, asdict(base), setup.new_tokens,
+                        (threads.prefill, threads.decode),
+                    )  # fmt: skip
+                    return process_peak(run, list(ids[:n]), name)
+
+                out += safe(f"{engine} process memory", make, warn)
+    return out
 
 
 def _llama_rows(model, loaded, ids, lengths, group, threads, setup, on_case, warn) -> list:
@@ -105,6 +135,7 @@ def _llama_rows(model, loaded, ids, lengths, group, threads, setup, on_case, war
                     new_tokens=setup.new_tokens,
                     threads=(threads.prefill, threads.decode),
                     repeats=setup.repeats,
+                    prefill_once=setup.prefill_once,
                 )
 
             made = safe("llama.cpp", make, warn)
@@ -173,7 +204,7 @@ def speed(setup: SpeedSetup) -> None:
         warnings.append(message)
         err.print(f"[yellow]warning:[/] {escape(message)}")
 
-    rows = []
+    rows, memory = [], []
     with progress_bar() as bar:
         task = bar.add_task("bench speed", total=None)
 
@@ -183,9 +214,9 @@ def speed(setup: SpeedSetup) -> None:
 
         for model in setup.models:
             for i, dtype in enumerate(setup.dtypes):
-                rows += _model_rows(setup, model, dtype, i == 0, on_case, warn)
+                rows += _model_rows(setup, model, dtype, i == 0, on_case, warn, memory)
     data = ratios(rows)
-    checks = target_lines(data)
+    checks = target_lines(data) + memory_lines(memory)
     meta = {
         "budget": [c.budget for c in setup.configs.values()][0],
         "new_tokens": setup.new_tokens,
@@ -195,10 +226,16 @@ def speed(setup: SpeedSetup) -> None:
         "warnings": warnings,
     }
     if setup.json_out:
-        sys.stdout.write(json.dumps({"meta": meta, "rows": data, "checks": checks}, indent=2) + "\n")
+        payload = {"meta": meta, "rows": data, "memory": [asdict(m) for m in memory], "checks": checks}
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
     out = console(stderr=False)
     for table in speed_tables(data, f"cake bench speed · B = {meta['budget']} · {meta['machine']}"):
         out.print(table)
+    for m in memory:
+        out.print(
+            f"process memory · {m.model} · {m.engine} at {m.length} tokens: peak RSS {m.rss_peak / 2**20:.0f} MiB, "
+            f"{m.run_peak / 2**20:.0f} MiB while prefilling and decoding (its prefill {m.prefill_seconds:.1f} s)"
+        )
     for line in checks:
         out.print(escape(line))

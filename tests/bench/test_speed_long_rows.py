@@ -1,0 +1,50 @@
+"""`cake bench speed --prefill-once` and `--rss`: decode repeats from one prefill, and the process
+memory lines (synthetic rows; the engine part on the tiny model)."""
+
+from __future__ import annotations
+
+import torch
+
+from cake_cli.bench.speed.rows import run_speed
+from cake_cli.bench.speed.rss import MemoryRow, memory_lines
+from cake_cli.engine.attention import use_cake_attention
+from cake_cli.engine.config import CakeConfig
+from cake_cli.tasks.threads import Threads
+from tests.helpers.cli import invoke
+
+
+def test_prefill_once_decodes_every_repeat_from_the_same_state(tiny_model):
+    """The row has one prefill sample and `repeats` decode samples, and its cache sizes and decode
+    steps equal those of a row that prefilled every time (each repeat decoded a copy of the state)."""
+    use_cake_attention(tiny_model, "sdpa")
+    ids = torch.randint(0, 97, (120,), generator=torch.Generator().manual_seed(0)).tolist()
+    base = CakeConfig(budget=24, window=6)
+    kwargs = dict(group="tiny · engine", lengths=[120], methods=["cake"], threads=Threads(1, 1, "test"), new_tokens=6)
+    once = run_speed(tiny_model, ids, base, repeats=3, prefill_once=True, **kwargs)
+    each = run_speed(tiny_model, ids, base, repeats=3, **kwargs)
+    for a, b in zip(once, each):
+        assert len(a.samples["decode_tokens_per_second"]) == 3
+        assert len(a.samples["prefill_seconds"]) == 1  # the cake row and the limit row alike
+        assert len(b.samples["prefill_seconds"]) == 3
+        assert (a.kv_bytes_kept, a.kv_bytes_full, a.decode_steps) == (b.kv_bytes_kept, b.kv_bytes_full, b.decode_steps)
+
+
+def _memory(cake: int, llama: int, length: int = 32000) -> list[MemoryRow]:
+    mib = 2**20
+    return [
+        MemoryRow("qwen", "cake", length, cake * mib, cake * mib // 2, 10.0),
+        MemoryRow("qwen", "llama.cpp", length, llama * mib, llama * mib // 2, 20.0),
+    ]
+
+
+def test_memory_lines_compare_the_two_processes():
+    (fail,) = memory_lines(_memory(cake=1500, llama=1000))
+    assert fail.startswith("FAIL qwen at 32000 tokens") and "1500 MiB, 1.50x llama.cpp's 1000 MiB" in fail
+    (ok,) = memory_lines(_memory(cake=900, llama=1000))
+    assert ok.startswith("PASS") and "0.90x" in ok and "while running 450 vs 500 MiB" in ok
+    assert memory_lines(_memory(900, 1000)[:1]) == []  # no llama.cpp process: nothing to compare
+
+
+def test_rss_without_llama_is_a_usage_error():
+    result = invoke("bench", "speed", "--rss")
+    assert result.exit_code == 2 and "add --llama" in result.stderr and result.stdout == ""

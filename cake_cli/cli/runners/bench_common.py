@@ -16,11 +16,25 @@ from cake_cli.models.loader import LoadedModel
 from cake_cli.tasks.runner import load_ready
 
 
+def cpu_model() -> str | None:
+    """The processor's model name from /proc/cpuinfo (Linux), e.g. "AMD EPYC"; None where unknown.
+    Benchmarks print it: a virtual machine can move to another host's processor between runs."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return None
+
+
 def machine() -> str:
-    """A one-line description of this machine."""
+    """A one-line description of this machine (processor model where known)."""
+    model = cpu_model()
     return (
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, python {platform.python_version()}"
+        f"{platform.processor() or platform.machine()}{f' ({model})' if model else ''}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, python {platform.python_version()}"
     )
 
 

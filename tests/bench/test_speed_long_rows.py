@@ -48,3 +48,14 @@ def test_memory_lines_compare_the_two_processes():
 def test_rss_without_llama_is_a_usage_error():
     result = invoke("bench", "speed", "--rss")
     assert result.exit_code == 2 and "add --llama" in result.stderr and result.stdout == ""
+
+
+def test_lengths_all_past_the_prompt_limit_are_one_usage_line(cli_env):
+    """Known only once the model is loaded: after the progress line, one error line and exit 2."""
+    result = invoke("bench", "speed", "-m", "tiny-test", "--lengths", "5000", "--methods", "cake", "--cli-tasks", "")
+    assert result.exit_code == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: tiny-test takes prompts of at most 1500 tokens; --lengths asks only for longer ones — ask for "
+        "--lengths 1500 or less"
+    ]

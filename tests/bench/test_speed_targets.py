@@ -158,8 +158,8 @@ def test_a_target_passing_by_a_hair_on_noisy_repeats_is_within_noise():
     ]
     lines = engine_lines(ratios(rows))
     limit = next(line for line in lines if "the limit" in line)
-    # median 10.9 / 11.9 = 0.916: above 0.9, but the repeats range from 10.3 / 12.4 = 0.83 to 11.4 / 11.2 = 1.02
-    assert limit.startswith("within noise") and "0.92x (min 0.83x, max 1.02x over 3 runs; target >= 0.90x)" in limit
+    # median 10.9 / 11.9 = 0.916: below 0.95, but the repeats range from 10.3 / 12.4 = 0.83 to 11.4 / 11.2 = 1.02
+    assert limit.startswith("within noise") and "0.92x (min 0.83x, max 1.02x over 3 runs; target >= 0.95x)" in limit
     decode = next(line for line in lines if "decode vs full" in line)
     assert decode.startswith("FAIL")  # 1.30x, at most 11.4 / 8.1 = 1.41x: every pairing misses 2.2x
 

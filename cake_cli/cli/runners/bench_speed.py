@@ -23,6 +23,7 @@ from cake_cli.bench.speed.targets import target_lines
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.cli.runners.bench_common import command_line, machine, progress_bar
 from cake_cli.engine.config import CakeConfig
+from cake_cli.errors import UsageError
 from cake_cli.tasks.request import TaskRequest
 from cake_cli.tasks.runner import ReadyModel, prompt_limit, ready_model
 from cake_cli.tasks.threads import choose
@@ -65,6 +66,11 @@ def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, o
     ids = loaded.tokenizer(python_docs_text(), add_special_tokens=False)["input_ids"]
     limit = min(prompt_limit(loaded, setup.new_tokens + 256), len(ids))
     lengths = [n for n in setup.lengths if n <= limit]
+    if not lengths:
+        raise UsageError(
+            f"{name} takes prompts of at most {limit} tokens; --lengths asks only for longer ones",
+            f"ask for --lengths {limit} or less",
+        )
     if len(lengths) < len(setup.lengths):
         warn(f"{name}: lengths above its {limit}-token prompt limit skipped")
     n = min(setup.cli_length, limit)

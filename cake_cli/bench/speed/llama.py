@@ -60,7 +60,7 @@ def next_token(llm) -> int:
     return int(logits.argmax())
 
 
-def _prefill(llm, token_ids: list[int]) -> tuple[float, float, int]:
+def timed_prefill(llm, token_ids: list[int]) -> tuple[float, float, int]:
     """Prefill `token_ids` from an empty cache: (prefill seconds, time to first token, the first token)."""
     llm.reset()
     start = time.perf_counter()
@@ -70,7 +70,7 @@ def _prefill(llm, token_ids: list[int]) -> tuple[float, float, int]:
     return prefill, time.perf_counter() - start, token
 
 
-def _decode(llm, token: int, steps: int) -> float:
+def timed_decode(llm, token: int, steps: int) -> float:
     """`steps` greedy decode steps from `token` (one ``eval`` each): seconds."""
     begin = time.perf_counter()
     for _ in range(steps):
@@ -86,11 +86,11 @@ def _greedy(llm, token_ids: list[int], new_tokens: int, prefilled=None) -> dict:
     state instead of prefilling again (`--prefill-once`); its times are reported again."""
     with PeakRss() as rss:
         if prefilled is None:
-            prefill, ttft, token = _prefill(llm, token_ids)
+            prefill, ttft, token = timed_prefill(llm, token_ids)
         else:
             state, prefill, ttft, token = prefilled
             llm.load_state(state)
-        decode = _decode(llm, token, new_tokens - 1)
+        decode = timed_decode(llm, token, new_tokens - 1)
     steps = new_tokens - 1
     return {
         "prefill_seconds": prefill,
@@ -105,6 +105,30 @@ def _greedy(llm, token_ids: list[int], new_tokens: int, prefilled=None) -> dict:
         "sampling_seconds": 0.0,
         "decode_seconds": decode,
     }
+
+
+def open_llama(gguf: Path, tokens: int, threads: tuple):
+    """llama.cpp on `gguf` with a context of `tokens` (+ a small margin), threads = (prefill, decode).
+
+    Raises:
+        CakeError: llama-cpp-python missing (with the install command) or the GGUF cannot be loaded.
+    """
+    reason = missing()
+    if reason:
+        raise CakeError(reason, INSTALL)
+    from llama_cpp import Llama  # noqa: PLC0415 - optional dependency
+
+    try:
+        return Llama(
+            model_path=str(gguf),
+            n_ctx=tokens + 8,
+            n_batch=512,
+            n_threads=threads[1],
+            n_threads_batch=threads[0],
+            verbose=False,
+        )
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise CakeError(f"llama.cpp cannot load {gguf.name}: {exc}") from None
 
 
 def llama_row(
@@ -129,26 +153,11 @@ def llama_row(
     Raises:
         CakeError: llama-cpp-python missing (with the install command) or the GGUF cannot be loaded.
     """
-    reason = missing()
-    if reason:
-        raise CakeError(reason, INSTALL)
-    from llama_cpp import Llama  # noqa: PLC0415 - optional dependency
-
-    try:
-        llm = Llama(
-            model_path=str(gguf),
-            n_ctx=len(token_ids) + new_tokens + 8,
-            n_batch=512,
-            n_threads=threads[1],
-            n_threads_batch=threads[0],
-            verbose=False,
-        )
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise CakeError(f"llama.cpp cannot load {gguf.name}: {exc}") from None
+    llm = open_llama(gguf, len(token_ids) + new_tokens, threads)
     _greedy(llm, token_ids[:WARMUP_TOKENS], WARMUP_NEW_TOKENS)  # warm-up, not measured
     prefilled = None
     if prefill_once:
-        prefill, ttft, token = _prefill(llm, token_ids)
+        prefill, ttft, token = timed_prefill(llm, token_ids)
         prefilled = (llm.save_state(), prefill, ttft, token)
     runs = [_greedy(llm, token_ids, new_tokens, prefilled) for _ in range(repeats)]
     row = median_row(group, len(token_ids), METHOD, None, runs, f"{threads[0]}/{threads[1]}")

@@ -56,28 +56,18 @@ class MemoryRow:
 
 def _child(run: ChildRun, ids: list[int]) -> dict:
     """Run one engine over `ids` in this (child) process; returns prefill seconds and the peak RSS."""
-    import time  # noqa: PLC0415
-
     import torch  # noqa: PLC0415
 
     from cake_cli.bench.memory import PeakRss  # noqa: PLC0415
 
     sampled = PeakRss()
     if run.engine == "llama.cpp":
-        from llama_cpp import Llama  # noqa: PLC0415 - optional dependency
+        from cake_cli.bench.speed.llama import open_llama, timed_decode, timed_prefill  # noqa: PLC0415
 
-        from cake_cli.bench.speed.llama import next_token  # noqa: PLC0415
-
-        llm = Llama(
-            model_path=run.model, n_ctx=len(ids) + run.new_tokens + 8, n_batch=512, n_threads=run.threads[1],
-            n_threads_batch=run.threads[0], verbose=False,
-        )  # fmt: skip
+        llm = open_llama(Path(run.model), len(ids) + run.new_tokens, run.threads)
         with sampled:
-            start = time.perf_counter()
-            llm.eval(ids)
-            seconds = time.perf_counter() - start
-            for _ in range(run.new_tokens - 1):
-                llm.eval([next_token(llm)])
+            seconds, _, token = timed_prefill(llm, ids)
+            timed_decode(llm, token, run.new_tokens - 1)
     else:
         from cake_cli.engine.config import CakeConfig  # noqa: PLC0415
         from cake_cli.engine.generate import generate  # noqa: PLC0415

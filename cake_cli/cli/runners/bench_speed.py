@@ -4,6 +4,7 @@ the tables and the target lines (the heavy half of `cli.commands.bench`)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from cake_cli.bench.speed.llama import llama_row, model_gguf
 from cake_cli.bench.speed.paths import QUESTION, busy_core, cli_row, document_file, kvpress_row, safe
 from cake_cli.bench.speed.report import ratios, speed_tables
 from cake_cli.bench.speed.rows import WARMUP_TOKENS, run_speed
-from cake_cli.bench.speed.rss import ChildRun, memory_lines, process_peak
+from cake_cli.bench.speed.rss import ENGINES, ChildRun, memory_lines, process_peak
 from cake_cli.bench.speed.targets import target_lines
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.cli.runners.bench_common import command_line, machine, progress_bar
@@ -100,19 +101,26 @@ def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, o
     return rows
 
 
+def _gguf_once(model, loaded, folder: Path):
+    """A function returning the model's GGUF for llama.cpp (`speed.llama.model_gguf`), joined and
+    checked into `folder` on the first call only (the same file serves every length)."""
+    embedded = loaded.profile.embedded if loaded.profile else None
+    return functools.cache(lambda: model_gguf(model, embedded, folder))
+
+
 def _memory_rows(model, loaded, ids, lengths, name, base, threads, setup, on_case, warn) -> list:
     """CAKE's and llama.cpp's peak process memory at every length, each in a child process
     (`speed.rss`); one warning line where one cannot run."""
     out: list = []
     dtype = str(loaded.dtype).replace("torch.", "")
     with tempfile.TemporaryDirectory() as tmp:
-        embedded = loaded.profile.embedded if loaded.profile else None
+        gguf = _gguf_once(model, loaded, Path(tmp))
         for n in lengths:
-            for engine in ("cake", "llama.cpp"):
+            for engine in ENGINES:
 
                 def make(n=n, engine=engine):
                     on_case(f"{name}: process memory, {engine} @ {n} tokens")
-                    spec = str(model_gguf(model, embedded, Path(tmp))) if engine == "llama.cpp" else model
+                    spec = str(gguf()) if engine == "llama.cpp" else model
                     run = ChildRun(
                         engine, spec, dtype, setup.weights, setup.attention, asdict(base), setup.new_tokens,
                         (threads.prefill, threads.decode),
@@ -128,14 +136,13 @@ def _llama_rows(model, loaded, ids, lengths, group, threads, setup, on_case, war
     cannot run."""
     rows: list = []
     with tempfile.TemporaryDirectory() as tmp:
-        embedded = loaded.profile.embedded if loaded.profile else None
+        gguf = _gguf_once(model, loaded, Path(tmp))
         for n in lengths:
 
             def make(n=n):
-                gguf = model_gguf(model, embedded, Path(tmp))
                 on_case(f"{group}: llama.cpp @ {n} tokens")
                 return llama_row(
-                    gguf,
+                    gguf(),
                     list(ids[:n]),
                     f"{group} · llama.cpp",
                     new_tokens=setup.new_tokens,

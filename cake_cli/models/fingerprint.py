@@ -40,10 +40,13 @@ QUANTIZED = (".qweight", ".scales", ".nibbles", ".scale_zero")  # `models.quanti
 PROBE = "Fingerprint probe: The quick brown fox, 1234.5 — naïve café, 日本語\n\n<document>\n</document>"
 
 
-def fingerprint(model, tokenizer) -> str:
+def fingerprint(model, tokenizer, ends=None) -> str:
     """32 hex digits identifying `model`'s weights (sampled) and `tokenizer` (see the module docstring).
 
-    Parameters on the meta device (offloaded by a device map) contribute their name and shape only.
+    Parameters on the meta device contribute their name and shape only (offloaded by a device map),
+    unless `ends(name, param)` gives their sampled values: [2 · SAMPLES] in the parameter's dtype,
+    the first and last `SAMPLES` of the flattened tensor (`models.lean_load` reads them from the
+    checkpoint, so a model not yet loaded gets the fingerprint it will have).
     """
     digest = hashlib.sha256()
     config = model.config
@@ -52,10 +55,14 @@ def fingerprint(model, tokenizer) -> str:
     with torch.no_grad():
         for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
             digest.update(f"{name}:{tuple(param.shape)};".encode())
-            if param.device.type != "meta" and param.numel():
+            if not param.numel():
+                continue
+            if param.device.type != "meta":
                 flat = param.detach().reshape(-1)
                 sample = torch.cat([flat[:SAMPLES], flat[-SAMPLES:]]).float().cpu()  # [2 · SAMPLES]
                 digest.update(sample.numpy().tobytes())
+            elif ends is not None:
+                digest.update(ends(name, param).float().numpy().tobytes())
         for name, buf in sorted(model.named_buffers(), key=lambda item: item[0]):
             if name.endswith(QUANTIZED) and buf.numel():
                 flat = buf.detach().reshape(-1)

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from cake_cli.errors import CakeError, first_line
-from cake_cli.models import gguf
+from cake_cli.models import gguf, lean_load
 from cake_cli.models.checkpoints import embedded_of_dir
 from cake_cli.models.dtypes import auto_dtype, check_dtype, cpu_bf16_flags
 from cake_cli.models.embedded import EMBEDDED_MODELS, match_gguf
@@ -118,10 +118,18 @@ def load_model(
         device_map = "cuda"
     if progress:
         progress(f"loading {source.name} as {dtype_name} from {source.path}")
-    model, tokenizer = _load_dir(source.path, getattr(torch, dtype_name), device_map, attn_implementation)
+    torch_dtype = getattr(torch, dtype_name)
+    model = None  # set here when the quantized linear layers came straight from their cache
+    if scheme != "bf16" and not on_cuda and device_map in (None, "cpu"):
+        model, tokenizer, scheme, weights_reason = _load_lean(
+            source.path, torch_dtype, attn_implementation, scheme, weights_reason, progress
+        )
+    lean = model is not None
+    if not lean:
+        model, tokenizer = _load_dir(source.path, torch_dtype, device_map, attn_implementation)
     if scheme == "auto":
         scheme, weights_reason = auto_weights(on_cuda or device_map not in (None, "cpu"), _linear_bytes(model))
-    if scheme != "bf16":
+    if scheme != "bf16" and not lean:
         if on_cuda or device_map not in (None, "cpu"):
             raise CakeError(
                 f"--weights {scheme} runs on CPU only (its kernels are torch's CPU int8/int4 kernels)",
@@ -277,17 +285,56 @@ def _checked_dir(d: Path, name: str, profile: Profile | None, fix: str | None = 
     return ModelSource(d, name, profile)
 
 
+LOAD_ERRORS = (OSError, ValueError, RuntimeError, KeyError, TypeError)
+
+
+def _implementation(attn_implementation: str) -> str | None:
+    # transformers' default for "sdpa": SDPA, or eager where a family has none (Gemma 2)
+    return None if attn_implementation == "sdpa" else attn_implementation
+
+
 def _load_dir(d: Path, dtype: torch.dtype, device_map, attn_implementation: str):
     """Load tokenizer and model from a checked directory, then check the family contract on the model."""
     hf_logging.disable_progress_bar()  # a plain checkpoint loads in seconds: our status line is enough
-    if attn_implementation == "sdpa":
-        attn_implementation = None  # transformers' default: SDPA, or eager where a family has none (Gemma 2)
     try:
         tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            d, dtype=dtype, device_map=device_map, attn_implementation=attn_implementation, local_files_only=True
+            d,
+            dtype=dtype,
+            device_map=device_map,
+            attn_implementation=_implementation(attn_implementation),
+            local_files_only=True,
         )
-    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
+    except LOAD_ERRORS as e:
         raise CakeError(f"cannot load the model in {d} ({first_line(e)})") from e
     check_loaded(model, d)
     return model.eval(), tokenizer
+
+
+def _load_lean(d: Path, dtype: torch.dtype, attn_implementation: str, scheme: str, reason: str, progress: Progress):
+    """(model, tokenizer, scheme, why) with the linear layers read straight from the quantized cache
+    (`models.lean_load`: the float linear weights are never loaded), or model None when the cache does
+    not hold them yet or the checkpoint does not match the model exactly (then: the ordinary load).
+    ``auto`` is decided here from the empty model's linear-layer sizes."""
+    start = time.perf_counter()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
+        shell = lean_load.skeleton(d, dtype, _implementation(attn_implementation))
+    except LOAD_ERRORS as e:
+        raise CakeError(f"cannot load the model in {d} ({first_line(e)})") from e
+    if scheme == "auto":
+        scheme, reason = auto_weights(False, _linear_bytes(shell))
+        if scheme == "bf16":
+            return None, tokenizer, scheme, reason
+    try:
+        path = lean_load.load_cached(d, tokenizer, dtype, scheme, shell)
+    except (SafetensorError, OSError) as e:
+        raise CakeError(
+            f"corrupt or unreadable weights in {d} ({first_line(e)})", hint="convert the model again"
+        ) from e
+    if path is None:
+        return None, tokenizer, scheme, reason
+    check_loaded(shell, d)
+    if progress:
+        progress(f"{scheme} weights read from {path} ({time.perf_counter() - start:.1f} s)")
+    return shell.eval(), tokenizer, scheme, reason

@@ -38,7 +38,7 @@ def _metadata(scheme: str, key: str) -> dict[str, str]:
     return {"scheme": scheme, "group": str(GROUP), "fingerprint": key, "format": FORMAT}
 
 
-def _read(path: Path, scheme: str, key: str, names: list[str]) -> dict | None:
+def read_cached(path: Path, scheme: str, key: str, names: list[str]) -> dict | None:
     """The cached tensors, or None when missing, unreadable or not this model's."""
     if not path.is_file():
         return None
@@ -72,7 +72,7 @@ def quantize_cached(model, tokenizer, checkpoint: Path | None, scheme: str, prog
     start = time.perf_counter()
     key = fingerprint(model, tokenizer)
     path = cache_file(checkpoint, scheme, key)
-    tensors = _read(path, scheme, key, quantizable(model, scheme))
+    tensors = read_cached(path, scheme, key, quantizable(model, scheme))
     hit = tensors is not None
     if tensors is None:
         if progress:

@@ -1,0 +1,158 @@
+"""Load a model with quantized linear layers without ever holding its float linear weights.
+
+`--weights int8|int4` used to load the whole float checkpoint (the default model's is float32,
+2.5 GB, memory-mapped while transformers converts it to bfloat16) and only then replace the
+linear layers by their quantized versions: the process's peak resident memory was that load,
+1.7x llama.cpp's at 32K tokens. When the quantized weights are already cached
+(`models.weight_cache`), this module builds the model with its parameters on the meta device
+(accelerate's ``init_empty_weights``; buffers such as RoPE's inverse frequencies are real), reads
+only the non-linear parameters (embedding, norms, biases) from the checkpoint, a slice of rows at a
+time through short-lived ``safe_open`` mappings, and installs the cached linear layers. The cache
+key is the same fingerprint (`models.fingerprint`) the full load computes, its sampled values read
+from the file and cast to the load dtype (identical to the loaded parameter's: one rounding).
+
+Anything it cannot match exactly (checkpoint names or shapes other than the model's, modules kept
+in float32, a missing cache) returns None and the caller loads the ordinary way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from accelerate import init_empty_weights
+from safetensors import SafetensorError, safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+
+from cake_cli.models.fingerprint import SAMPLES, fingerprint
+from cake_cli.models.quantize import apply_tensors, quantizable
+from cake_cli.models.weight_cache import cache_file, read_cached
+
+CHUNK_BYTES = 32 * 2**20  # rows read per mapping of the checkpoint: bounds the file pages resident at once
+
+
+def skeleton(d: Path, dtype: torch.dtype, attn_implementation: str | None) -> PreTrainedModel:
+    """The model of checkpoint folder `d` with every parameter on the meta device (no weights read).
+
+    Buffers are materialized (computed at construction, e.g. RoPE's ``inv_freq``); parameters carry
+    names, shapes and `dtype` only. Raises what ``AutoConfig`` / ``from_config`` raise.
+    """
+    config = AutoConfig.from_pretrained(d, local_files_only=True)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    model.tie_weights()
+    return model
+
+
+def checkpoint_files(d: Path) -> dict[str, Path]:
+    """{tensor name: safetensors file holding it} for folder `d` (a single file or an indexed set);
+    empty when `d` has no safetensors weights or its index is unreadable."""
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+        return {name: d / file for name, file in weight_map.items()}
+    single = d / "model.safetensors"
+    if not single.is_file():
+        return {}
+    try:
+        with safe_open(str(single), "pt") as f:
+            return {name: single for name in f.keys()}
+    except (SafetensorError, OSError):
+        return {}
+
+
+def _shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for path in set(files.values()):
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def read_rows(path: Path, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Tensor `name` of safetensors file `path` cast to `dtype`, read `CHUNK_BYTES` of rows per mapping
+    (each mapping closed before the next: the file's pages do not pile up in resident memory)."""
+    out = torch.empty(shape, dtype=dtype)
+    if not shape:
+        with safe_open(str(path), "pt") as f:
+            return f.get_tensor(name).to(dtype)
+    row_bytes = max(1, math.prod(shape[1:]) * 4)
+    step = max(1, CHUNK_BYTES // row_bytes)
+    for start in range(0, shape[0], step):
+        with safe_open(str(path), "pt") as f:
+            out[start : start + step].copy_(f.get_slice(name)[start : start + step])
+    return out
+
+
+def read_ends(path: Path, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The first and last `SAMPLES` values of tensor `name` flattened, cast to `dtype`: [2 · SAMPLES]
+    (what `fingerprint` samples from a loaded parameter), reading only the rows that hold them."""
+    with safe_open(str(path), "pt") as f:
+        part = f.get_slice(name)
+        if not shape or math.prod(shape) <= 2 * SAMPLES:
+            flat = f.get_tensor(name).reshape(-1)
+            return torch.cat([flat[:SAMPLES], flat[-SAMPLES:]]).to(dtype)
+        rows = math.ceil(SAMPLES / max(1, math.prod(shape[1:])))
+        first = part[:rows].reshape(-1)[:SAMPLES]
+        last = part[shape[0] - rows :].reshape(-1)[-SAMPLES:]
+    return torch.cat([first, last]).to(dtype)
+
+
+def load_cached(d: Path, tokenizer, dtype: torch.dtype, scheme: str, model: PreTrainedModel) -> Path | None:
+    """Fill skeleton `model` (`skeleton`) from folder `d` and the cached `scheme` weights.
+
+    Args:
+        d: the checkpoint folder (its safetensors hold the float weights).
+        tokenizer: the model's tokenizer (part of the cache key).
+        dtype: the load dtype of the non-quantized parameters.
+        scheme: ``int8`` or ``int4``.
+        model: the skeleton, filled in place.
+
+    Returns:
+        The cache file the linear layers came from, or None when this path does not apply (no
+        cache for this model yet, checkpoint names or shapes not the model's, float32-kept modules,
+        a tensor left unread): the caller then discards `model` and loads the ordinary way.
+    """
+    if getattr(model, "_keep_in_fp32_modules", None):
+        return None
+    files = checkpoint_files(d)
+    try:
+        shapes = _shapes(files)
+    except (SafetensorError, OSError):
+        return None
+    params = dict(model.named_parameters())
+    if any(name not in shapes or shapes[name] != tuple(p.shape) for name, p in params.items()):
+        return None
+
+    def ends(name: str, _param) -> torch.Tensor:
+        return read_ends(files[name], name, shapes[name], dtype)
+
+    key = fingerprint(model, tokenizer, ends=ends)
+    path = cache_file(d, scheme, key)
+    linears = quantizable(model, scheme)
+    tensors = read_cached(path, scheme, key, linears)
+    if tensors is None:
+        return None
+    skipped = {f"{name}.weight" for name in linears}
+    for name, param in params.items():
+        if name in skipped:
+            continue
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        value = read_rows(files[name], name, shapes[name], param.dtype)
+        module._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
+    model.tie_weights()  # a tied output head shares the embedding just read
+    apply_tensors(model, scheme, tensors)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        return None
+    if (d / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(d, local_files_only=True)
+    model.config.name_or_path = str(d)
+    return path

@@ -1,0 +1,112 @@
+"""The lean quantized load (`models.lean_load`) against the ordinary one: a model whose linear layers
+come straight from the int8/int4 cache must be the model the full load + quantization builds, tensor
+for tensor, with the same fingerprint and logits; whatever it cannot match falls back to that load."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from cake_cli.models import lean_load, loader
+from cake_cli.models.fingerprint import fingerprint
+from cake_cli.models.loader import load_model
+from cake_cli.models.quantize import Int4Linear, Int8Linear
+from tests.helpers.tiny import save_tiny_model
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    monkeypatch.setenv("CAKE_HOME", str(tmp_path / "cake-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("CAKE_MODEL", raising=False)
+
+
+def _state(model) -> dict[str, torch.Tensor]:
+    return {n: t for n, t in [*model.named_parameters(), *model.named_buffers()]}
+
+
+def _logits(lm, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([lm.model(ids).logits, lm.model(ids[:, -1:]).logits], dim=1)  # prefill rows + a decode row
+
+
+def _as_float32(d):
+    """Store the checkpoint in float32 (as a converted GGUF is): the lean load casts while reading."""
+    path = d / "model.safetensors"
+    save_file(
+        {k: v.float().contiguous() for k, v in load_file(str(path)).items()}, str(path), metadata={"format": "pt"}
+    )
+    return d
+
+
+@pytest.mark.parametrize(
+    "arch,scheme,tied",
+    [("llama", "int8", False), ("qwen2", "int8", True), ("qwen2", "int4", False), ("llama", "int4", True)],
+)
+def test_lean_load_builds_the_model_the_full_load_builds(tmp_path, monkeypatch, arch, scheme, tied):
+    d = _as_float32(save_tiny_model(tmp_path / "m", arch=arch, hidden=64, tie_word_embeddings=tied))
+    messages: list[str] = []
+    full = load_model(str(d), dtype="bfloat16", weights=scheme, progress=messages.append)  # quantizes, caches
+    assert any("saved to" in m for m in messages)
+    messages.clear()
+    monkeypatch.setattr(loader, "_load_dir", lambda *a: pytest.fail("the float checkpoint was loaded"))
+    lean = load_model(str(d), dtype="bfloat16", weights=scheme, progress=messages.append)
+    assert any(f"{scheme} weights read from" in m for m in messages)
+    linear = Int8Linear if scheme == "int8" else Int4Linear
+    assert isinstance(lean.model.model.layers[0].mlp.down_proj, linear)
+    a, b = _state(full.model), _state(lean.model)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].dtype == b[name].dtype and not b[name].is_meta, name
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
+    assert fingerprint(lean.model, lean.tokenizer) == fingerprint(full.model, full.tokenizer)
+    ids = torch.randint(3, 400, (1, 9), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(_logits(lean, ids), _logits(full, ids), rtol=0, atol=0)
+    assert lean.model.generation_config.eos_token_id == full.model.generation_config.eos_token_id
+
+
+def test_fingerprint_from_the_file_equals_the_loaded_models(tmp_path):
+    """The cache key computed before any weight is loaded (`read_ends`) is the loaded model's."""
+    d = _as_float32(save_tiny_model(tmp_path / "m", arch="qwen2", hidden=64))
+    full = load_model(str(d), dtype="bfloat16")
+    shell = lean_load.skeleton(d, torch.bfloat16, None)
+    files = lean_load.checkpoint_files(d)
+    shapes = {n: tuple(p.shape) for n, p in shell.named_parameters()}
+    assert all(p.is_meta for p in shell.parameters())
+    key = fingerprint(shell, full.tokenizer, ends=lambda n, p: lean_load.read_ends(files[n], n, shapes[n], p.dtype))
+    assert key == fingerprint(full.model, full.tokenizer)
+    assert fingerprint(shell, full.tokenizer) != key  # without the samples it is another model's
+
+
+def test_read_rows_reads_in_slices_and_casts_like_to(tmp_path, monkeypatch):
+    monkeypatch.setattr(lean_load, "CHUNK_BYTES", 40)  # 3 rows of 3 float32 per mapping: 4 slices of 10 rows
+    value = torch.randn(10, 3)
+    save_file({"w": value, "b": torch.randn(5)}, str(tmp_path / "t.safetensors"))
+    got = lean_load.read_rows(tmp_path / "t.safetensors", "w", (10, 3), torch.bfloat16)
+    assert torch.equal(got, value.to(torch.bfloat16))
+    ends = lean_load.read_ends(tmp_path / "t.safetensors", "w", (10, 3), torch.float32)
+    flat = value.reshape(-1)
+    assert torch.equal(ends, torch.cat([flat[:16], flat[-16:]]))
+
+
+def test_without_a_cache_or_with_other_names_it_declines(tmp_path):
+    """No cached linear layers yet, or tensors named otherwise than the model's (a checkpoint
+    transformers maps by its own rules): None, the skeleton untouched, and the ordinary load runs."""
+    d = save_tiny_model(tmp_path / "m", arch="llama", hidden=64)
+    tokenizer = load_model(str(d), dtype="bfloat16").tokenizer
+    shell = lean_load.skeleton(d, torch.bfloat16, None)
+    assert lean_load.load_cached(d, tokenizer, torch.bfloat16, "int8", shell) is None
+    assert all(p.is_meta for p in shell.parameters())
+    load_model(str(d), dtype="bfloat16", weights="int8")  # now cached
+    assert lean_load.load_cached(d, tokenizer, torch.bfloat16, "int8", lean_load.skeleton(d, torch.bfloat16, None))
+    renamed = tmp_path / "renamed"
+    shutil.copytree(d, renamed)
+    path = renamed / "model.safetensors"
+    tensors = load_file(str(path))
+    tensors["model.norm.scale"] = tensors.pop("model.norm.weight")
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    shell = lean_load.skeleton(renamed, torch.bfloat16, None)
+    assert lean_load.load_cached(renamed, tokenizer, torch.bfloat16, "int8", shell) is None

@@ -13,16 +13,15 @@ cache without it (e.g. a .cake file from before it was saved there) is refused (
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.headlengths import live_slots, pack_heads
 from cake_cli.engine.indicators import SNAPKV_POOL, accumulates, token_scores, top_k_sorted
 from cake_cli.engine.window import window_attention
 
-PAD_POSITION = 2.0**62  # a padded slot's position, after every real one (pad_sequence takes it as a float: exact)
 BATCHED = frozenset({"cake", "snapkv", "tova"})  # indicators `batched_victims` scores: finite scores from `a` alone
 
 
@@ -51,6 +50,7 @@ class FixedDecode:
     Attributes:
         seconds: wall time spent scoring and evicting, seconds.
         pending: (layer index, probs [H, 1, k]) of the layers attended since the last `flush`.
+        orders_reused: batched steps whose slot order came from the step before (no sort).
     """
 
     def __init__(self, config: CakeConfig, capacity: list[int], batched: bool = True):
@@ -59,6 +59,8 @@ class FixedDecode:
         self.seconds = 0.0
         self.batched = batched and config.indicator in BATCHED
         self.pending: list[tuple[int, torch.Tensor]] = []
+        self.orders_reused = 0
+        self._order: tuple[tuple, torch.Tensor] | None = None  # (pending layers and sizes, next order guess)
 
     def needs_probs(self, layer_idx: int, key_len: int) -> bool:
         """True when a layer holding `key_len` slots is over capacity (it will evict now)."""
@@ -127,18 +129,24 @@ class FixedDecode:
 
     def flush(self, cache) -> None:
         """Evict one token from every layer in `pending` (`batched_victims`): each layer's victim slot
-        is released, and the layer's next single-token update overwrites it."""
+        is released, and the layer's next single-token update overwrites it. The slot order the step
+        leaves is kept for the next step of the same layers (checked there before use)."""
         if not self.pending:
             return
         start = time.perf_counter()
         pending, self.pending = self.pending, []
-        slots = batched_victims(
+        key = tuple((i, probs.shape[-1]) for i, probs in pending)
+        hint = self._order[1] if self._order is not None and self._order[0] == key else None
+        picked = batched_victims(
             self.config,
             [probs for _, probs in pending],
             [cache.layers[i].positions for i, _ in pending],
             [self.capacity[i] for i, _ in pending],
-        )  # [P, H_kv]
-        for (i, _), slot in zip(pending, slots.unbind(0)):
+            order=hint,
+        )
+        self._order = (key, picked.following)
+        self.orders_reused += picked.reused
+        for (i, _), slot in zip(pending, picked.slots.unbind(0)):
             cache.layers[i].release(slot)
         self.seconds += time.perf_counter() - start
 
@@ -175,28 +183,48 @@ class FixedDecode:
             pack_heads(layer, rows)
 
 
+class Victims(NamedTuple):
+    """What `batched_victims` picked for one step of P layers."""
+
+    slots: torch.Tensor  # [P, H_kv] int64: the slot each KV head of each layer evicts
+    following: torch.Tensor  # [P, H_kv, kmax]: the padded slot order after the new token takes each victim's slot
+    reused: bool  # the `order` hint was this step's position order (no sort ran)
+
+
 def batched_victims(
-    config: CakeConfig, probs: list[torch.Tensor], positions: list[torch.Tensor], capacity: list[int]
-) -> torch.Tensor:
+    config: CakeConfig,
+    probs: list[torch.Tensor],
+    positions: list[torch.Tensor],
+    capacity: list[int],
+    order: torch.Tensor | None = None,
+) -> Victims:
     """The slot each KV head of P layers evicts after one decode token, all layers at once: what
     `FixedDecode.after_attention` picks layer by layer (the lowest indicator score among the
     candidates in position order, the most recent w = min(window, capacity) kept; among ties the
     latest), for an indicator of `BATCHED`.
 
-    The layers hold different numbers of slots k_l (= capacity + 1), so they are padded to the
-    longest: padded slots sort after every real one (`PAD_POSITION`), and from each layer's
-    m_l = k_l - w_l-th candidate on, the attention is set to what the pooling pads with (0 for
-    average, -inf for max pooling), so each candidate's pooled score is the one-layer score; the
-    padded and window slots then score +inf, out of the running for the minimum.
+    The layers hold different numbers of slots k_l (= capacity + 1), so they are padded at the front
+    to the longest, kmax: padded slots get position -1, before every real one, and the attention
+    outside each layer's candidates (the padding and the window) is set to what the pooling pads with
+    (0 for average, -inf for max pooling), so each candidate's pooled score is the one-layer score;
+    the padded and window slots then score +inf, out of the running for the minimum.
+
+    Sorting the slots by position is the step's largest cost, and it is known in advance: the new
+    token of the next step takes the victim's slot and is the newest, so the next order is this one
+    with the victim moved to the end (`Victims.following`). Passed back as `order`, it is used when
+    it is this step's order (checked: padding first, then strictly increasing true positions, which
+    makes it a permutation of the real slots), else the slots are sorted as before.
 
     Args:
         config: the indicator, pooling, gamma and window (docs/method.md §Decoding, Eq. 11).
         probs: P tensors [H, 1, k_l] float32, the new query's attention over the layer's slots.
-        positions: P tensors [H_kv, k_l] int64, the true position of each slot.
+        positions: P tensors [H_kv, k_l] int64, the true position of each slot (>= 0).
         capacity: P ints, the layer's tokens after eviction (k_l - 1).
+        order: [P, H_kv, kmax] int64, a guess of the padded slots in position order (the previous
+            step's `following`), or None.
 
     Returns:
-        [P, H_kv] int64 slot index per layer and KV head.
+        `Victims`: the slots [P, H_kv], the next step's order guess, whether `order` was used.
 
     Raises:
         ValueError: an indicator outside `BATCHED`, or a layer that is not exactly one over capacity.
@@ -206,28 +234,44 @@ def batched_victims(
     sizes = [p.shape[-1] for p in probs]
     if any(k != cap + 1 for k, cap in zip(sizes, capacity)):
         raise ValueError(f"each layer must hold one slot over its capacity: slots {sizes}, capacity {capacity}")
-    num_heads, num_kv, kmax = probs[0].shape[0], positions[0].shape[0], max(sizes)
-    device = probs[0].device
-    pos = pad_sequence([p.t() for p in positions], batch_first=True, padding_value=PAD_POSITION)
-    order = pos.transpose(1, 2).argsort(dim=-1)  # [P, H_kv, kmax]: slots in position order, padding last
-    att = pad_sequence([p[:, 0, :].t() for p in probs], batch_first=True).transpose(1, 2)  # [P, H, kmax]
-    att = att.gather(2, order.repeat_interleave(num_heads // num_kv, dim=1))  # [P, H, kmax] in position order
-    candidates = torch.tensor([k - min(config.window, cap) for k, cap in zip(sizes, capacity)], device=device)
-    outside = torch.arange(kmax, device=device) >= candidates[:, None]  # [P, kmax]: window and padding
+    count, num_heads, num_kv, kmax = len(probs), probs[0].shape[0], positions[0].shape[0], max(sizes)
+    group, device = num_heads // num_kv, probs[0].device
+    pos = positions[0].new_full((count, num_kv, kmax), -1)  # [P, H_kv, kmax], padding first
+    att = probs[0].new_empty((count, num_heads, kmax))  # [P, H, kmax]
+    for i, (p, a, k) in enumerate(zip(positions, probs, sizes)):
+        pos[i, :, kmax - k :] = p
+        att[i, :, kmax - k :] = a[:, 0, :]
+    pads = torch.tensor([kmax - k for k in sizes], device=device)[:, None]  # [P, 1]
+    index = torch.arange(kmax, device=device)
+    padding = index < pads  # [P, kmax]
+    reused = order is not None and order.shape == pos.shape
+    if reused:
+        sorted_pos = pos.gather(2, order)  # [P, H_kv, kmax]
+        rising = sorted_pos[..., 1:] > sorted_pos[..., :-1]  # [P, H_kv, kmax - 1]
+        reused = bool(((sorted_pos < 0) == padding[:, None, :]).all() and (rising | padding[:, None, 1:]).all())
+    if not reused:
+        order = pos.argsort(dim=-1)  # [P, H_kv, kmax]: padding (-1) first, then position order
+        sorted_pos = pos.gather(2, order)
+    by_head = order[:, :, None, :].expand(count, num_kv, group, kmax)
+    att = att.view(count, num_kv, group, kmax).gather(3, by_head).view(count, num_heads, kmax)  # position order
+    window = torch.tensor([kmax - min(config.window, cap) for cap in capacity], device=device)[:, None]
+    outside = padding | (index >= window)  # [P, kmax]: padding and window
     pool_kind = {"cake": config.pool_kind, "snapkv": SNAPKV_POOL[0]}.get(config.indicator, "avg")
     att.masked_fill_(outside[:, None, :], float("-inf") if pool_kind == "max" else 0.0)
-    sorted_pos = pos.transpose(1, 2).gather(2, order)  # [P, H_kv, kmax]
     scores = token_scores(
         config.indicator,
         att.view(-1, 1, kmax),
         sorted_pos.reshape(-1, kmax),
-        len(probs) * num_kv,
+        count * num_kv,
         gamma=config.gamma,
         pool=(config.pool_kind, config.pool_kernel),
-    ).view(len(probs), num_kv, kmax)  # [P, H_kv, kmax]
+    ).view(count, num_kv, kmax)  # [P, H_kv, kmax]
     scores.masked_fill_(outside[:, None, :], float("inf"))
     victim = (kmax - 1) - torch.argmin(scores.flip(-1), dim=-1)  # [P, H_kv]: lowest; among ties the latest
-    return order.gather(2, victim.unsqueeze(-1)).squeeze(-1)  # [P, H_kv]
+    padded_slot = order.gather(2, victim.unsqueeze(-1))  # [P, H_kv, 1]
+    skip = index[: kmax - 1] + (index[: kmax - 1] >= victim.unsqueeze(-1))  # [P, H_kv, kmax - 1]: all but the victim
+    following = torch.cat([order.gather(2, skip), padded_slot], dim=-1)  # the victim's slot holds the newest next
+    return Victims(padded_slot.squeeze(-1) - pads, following, reused)
 
 
 class GrowDecode:

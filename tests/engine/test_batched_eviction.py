@@ -63,9 +63,53 @@ def test_batched_victims_equal_the_per_layer_path(config, levels, seed):
     capacity = [12, 30, 9, 21, 5, 30]  # layers of different lengths; 5 < window + kernel: candidates near the edge
     cache, probs = random_layers(capacity, seed, levels)
     want = per_layer_victims(config, cache, probs, capacity)
-    got = batched_victims(config, probs, [layer.positions for layer in cache.layers], capacity)
-    assert got.tolist() == want.tolist()
-    assert (got < torch.tensor(capacity)[:, None] + 1).all()
+    positions = [layer.positions for layer in cache.layers]
+    got = batched_victims(config, probs, positions, capacity)
+    assert got.slots.tolist() == want.tolist() and not got.reused
+    assert (got.slots < torch.tensor(capacity)[:, None] + 1).all()
+    # a wrong guess of the order (another seed's, or a real slot left out) is checked and not used
+    for wrong in (batched_victims(config, *random_layers_probs(capacity, seed + 9, levels), capacity).following,
+                  got.following):  # fmt: skip
+        again = batched_victims(config, probs, positions, capacity, order=wrong)
+        assert again.slots.tolist() == want.tolist() and not again.reused
+
+
+def random_layers_probs(capacity, seed, levels):
+    cache, probs = random_layers(capacity, seed, levels)
+    return probs, [layer.positions for layer in cache.layers]
+
+
+@pytest.mark.parametrize("config", CONFIGS[:2] + CONFIGS[3:4], ids=lambda c: f"{c.indicator}-{c.pool_kind}")
+@pytest.mark.parametrize("seed", range(3))
+def test_steps_that_reuse_the_order_evict_as_the_per_layer_path(config, seed):
+    """Six decode steps on two copies of a cache: the batched policy (the order carried from step to
+    step, no sort after the first) and the per-layer reference release the same slots every step."""
+    import copy
+
+    capacity = [12, 30, 9, 21]
+    fast_cache, _ = random_layers(capacity, seed, None)
+    for layer in fast_cache.layers:
+        layer.seen = int(layer.positions.max()) + 1  # the next token is the newest
+    slow_cache = copy.deepcopy(fast_cache)
+    fast, slow = FixedDecode(config, capacity), FixedDecode(config, capacity, batched=False)
+    g = torch.Generator().manual_seed(seed + 100)
+    query = torch.zeros(1, HEADS, 1, DIM)
+    for step in range(6):
+        new = [(torch.randn(1, KV_HEADS, 1, DIM, generator=g), torch.randn(1, KV_HEADS, 1, DIM, generator=g))
+               for _ in capacity]  # fmt: skip
+        probs = [torch.softmax(torch.randn(HEADS, 1, cap + 1, generator=g), dim=-1) for cap in capacity]
+        released = []
+        for cache, policy in ((fast_cache, fast), (slow_cache, slow)):
+            for i, layer in enumerate(cache.layers):
+                if step:  # the new token takes the slot released last step
+                    layer.update(*new[i])
+                policy.after_attention(cache, i, query, layer.keys, 1.0, probs=probs[i])
+            policy.flush(cache)
+            released.append([layer.free.tolist() for layer in cache.layers])
+        assert released[0] == released[1], step
+        for a, b in zip(fast_cache.layers, slow_cache.layers):
+            assert torch.equal(a.positions, b.positions)
+    assert fast.orders_reused == 5
 
 
 def test_batched_victims_refuse_what_they_do_not_score():

@@ -9,19 +9,26 @@ import sys
 
 import pytest
 
-# In a fresh interpreter (a long test process's heap is already shaped by what ran before): 100 KB
-# blocks sit in the brk heap (below glibc's mmap threshold); a small block kept after each one stops
-# the heap's top from shrinking by itself when they are freed.
+# In a fresh interpreter (a long test process's heap is already shaped by what ran before), through
+# the C allocator itself (Python's own small-object arenas are not in the brk heap, so Python objects
+# cannot pin it): 100 KB blocks, touched, sit in the brk heap (below glibc's mmap threshold); a small
+# block kept after each one stops the heap's top from shrinking by itself when they are freed.
 SCENARIO = """
-import json
+import ctypes, ctypes.util, json
 from cake_cli.bench.memory import rss_bytes
 from cake_cli.models.heap import release_freed_memory
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
 big, keep = [], []
 for _ in range(3000):
-    big.append(bytearray(100_000))
-    keep.append(bytearray(64))
+    block = libc.malloc(100_000)
+    ctypes.memset(block, 1, 100_000)
+    big.append(block)
+    keep.append(libc.malloc(64))
 before = rss_bytes()
-del big
+for block in big:
+    libc.free(block)
 freed = rss_bytes()
 trimmed = release_freed_memory()
 print(json.dumps({"before": before, "freed": freed, "after": rss_bytes(), "trimmed": trimmed, "kept": len(keep)}))

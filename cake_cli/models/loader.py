@@ -94,7 +94,8 @@ def load_model(
         progress: called with one-line status messages (conversion steps, loading).
         weights: ``bf16`` (the linear layers keep ``dtype``), ``int8`` / ``int4`` (weight-only
             quantized for CPU decoding, `models.quantize`, cached by content,
-            `models.weight_cache`), or ``auto`` (`weights.auto_weights`).
+            `models.weight_cache`; once cached they are read straight from the cache and the float
+            linear weights are never loaded, `models.lean_load`), or ``auto`` (`weights.auto_weights`).
 
     Raises:
         UsageError: invalid ``dtype`` or ``weights``.

@@ -120,52 +120,55 @@ def kvpress_row(
     """
     if not kvpress_available():
         raise CakeError("kvpress is not set up", "run `bash benchmarks/kvpress_env.sh` (it makes .venv-kvpress)")
+    args = {
+        "--model-dir": model_dir,
+        "--budget": budget,
+        "--new-tokens": new_tokens,
+        "--threads": threads[0],
+        "--decode-threads": threads[1],
+        "--dtype": dtype,
+        "--repeats": repeats,
+        "--warmup-tokens": WARMUP_TOKENS,
+        "--warmup-new-tokens": WARMUP_NEW_TOKENS,
+    }
+    fix = "check .venv-kvpress (bash benchmarks/kvpress_env.sh)"
+    data = run_json_script(KVPRESS_PYTHON, KVPRESS_SCRIPT, token_ids, args, "the kvpress run", fix)
+    return external_row(data, "kvpress-snapkv", budget, group, threads)
+
+
+def run_json_script(python: Path, script: Path, token_ids: list[int], args: dict, what: str, fix: str) -> dict:
+    """Run `script` with another venv's `python`, the token ids in a JSON file (``--ids``) and
+    `args` ({"--flag": value}); return the JSON object its last stdout line holds.
+
+    Raises:
+        CakeError: the script failed (its last stderr line, and `fix`).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         ids = Path(tmp) / "ids.json"
         ids.write_text(json.dumps(token_ids))
-        cmd = [
-            str(KVPRESS_PYTHON),
-            str(KVPRESS_SCRIPT),
-            "--model-dir",
-            str(model_dir),
-            "--ids",
-            str(ids),
-            "--budget",
-            str(budget),
-            "--new-tokens",
-            str(new_tokens),
-            "--threads",
-            str(threads[0]),
-            "--decode-threads",
-            str(threads[1]),
-            "--dtype",
-            dtype,
-            "--repeats",
-            str(repeats),
-            "--warmup-tokens",
-            str(WARMUP_TOKENS),
-            "--warmup-new-tokens",
-            str(WARMUP_NEW_TOKENS),
-        ]
+        cmd = [str(python), str(script), "--ids", str(ids)]
+        for flag, value in args.items():
+            cmd += [flag, str(value)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise CakeError(f"the kvpress run failed: {tail}", "check .venv-kvpress (bash benchmarks/kvpress_env.sh)")
-    return kvpress_speed_row(json.loads(done.stdout.strip().splitlines()[-1]), budget, group, threads)
+        raise CakeError(f"{what} failed: {tail}", fix)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def kvpress_speed_row(data: dict, budget: int, group: str, threads: tuple) -> SpeedRow:
-    """The SpeedRow of benchmarks/kvpress_speed.py's JSON object (medians, `samples` per repeat)."""
+def external_row(data: dict, method: str, budget: int | None, group: str, threads: tuple) -> SpeedRow:
+    """The SpeedRow of another engine's JSON row (benchmarks/kvpress_speed.py, openvino_speed.py:
+    medians, `samples` per repeat, ``context_tokens``)."""
     return SpeedRow(
         group=group,
         length=data["context_tokens"],
-        method="kvpress-snapkv",
+        method=method,
         budget=budget,
         prefill_seconds=data["prefill_seconds"],
         ttft_seconds=data["ttft_seconds"],
         decode_tokens_per_second=data["decode_tokens_per_second"],
         decode_steps=data["decode_steps"],
-        kv_bytes_kept=data["kv_bytes_kept"],
+        kv_bytes_kept=data.get("kv_bytes_kept", 0),
         kv_peak_prefill=0,
         kv_bytes_full=0,
         rss_peak_delta=0,
@@ -192,8 +195,13 @@ def busy_core() -> Iterator[None]:
 
 def safe(label: str, make: Callable[[], SpeedRow], warn: Callable[[str], None]) -> list[SpeedRow]:
     """[make()], or [] with a warning when it raises a CakeError (e.g. kvpress not set up)."""
+    return safe_rows(label, lambda: [make()], warn)
+
+
+def safe_rows(label: str, make: Callable[[], list[SpeedRow]], warn: Callable[[str], None]) -> list[SpeedRow]:
+    """make(), or [] with a one-line warning naming `label` when it raises a CakeError."""
     try:
-        return [make()]
+        return make()
     except CakeError as exc:
         warn(f"{label}: {first_line(exc)} — {exc.hint}" if exc.hint else f"{label}: {first_line(exc)}")
         return []

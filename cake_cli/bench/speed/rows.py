@@ -46,7 +46,7 @@ class SpeedRow:
 
     group: str
     length: int  # prompt tokens
-    method: str  # a METHODS name, "cake-grow", "limit" or "kvpress-snapkv"
+    method: str  # a METHODS name, "cake-grow", "limit", "kvpress-snapkv", "llama.cpp" or `openvino.METHODS`
     budget: int | None  # tokens per layer (None: full cache)
     prefill_seconds: float
     ttft_seconds: float  # prefill + choosing the first token (the CLI path: + building the prompt)

@@ -91,6 +91,14 @@ def speed(
             "alone in a child process (one more prefill each).",
         ),
     ] = False,
+    openvino: Annotated[
+        bool,
+        o._flag(
+            "--openvino",
+            help="Also run OpenVINO GenAI on the same checkpoint (int8 IR), its full cache and its KV-cache eviction "
+            "at the same budget (needs `bash benchmarks/openvino_env.sh`).",
+        ),
+    ] = False,
     weights: o.Weights = "bf16",
     attention: o.Attention = "auto",
     json_out: o.Json = False,
@@ -138,5 +146,6 @@ def speed(
                 check_weights(weights),
                 prefill_once,
                 rss,
+                openvino,
             )
         )

@@ -16,7 +16,8 @@ from rich.markup import escape
 
 from cake_cli.bench.corpus import python_docs_text
 from cake_cli.bench.speed.llama import llama_row, model_gguf
-from cake_cli.bench.speed.paths import QUESTION, busy_core, cli_row, document_file, kvpress_row, safe
+from cake_cli.bench.speed.openvino import openvino_rows
+from cake_cli.bench.speed.paths import QUESTION, busy_core, cli_row, document_file, kvpress_row, safe, safe_rows
 from cake_cli.bench.speed.report import ratios, speed_tables
 from cake_cli.bench.speed.rows import WARMUP_TOKENS, run_speed
 from cake_cli.bench.speed.rss import ENGINES, ChildRun, memory_lines, process_peak
@@ -24,7 +25,7 @@ from cake_cli.bench.speed.targets import target_lines
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.cli.runners.bench_common import command_line, machine, progress_bar
 from cake_cli.engine.config import CakeConfig
-from cake_cli.errors import UsageError
+from cake_cli.errors import CakeError, UsageError
 from cake_cli.tasks.request import TaskRequest
 from cake_cli.tasks.runner import ReadyModel, prompt_limit, ready_model
 from cake_cli.tasks.threads import choose
@@ -51,6 +52,7 @@ class SpeedSetup:
     weights: str = "bf16"  # --weights of every row (`models.weights`)
     prefill_once: bool = False  # engine and llama.cpp rows: one timed prefill, `repeats` decodes from it
     rss: bool = False  # process memory of CAKE and llama.cpp in child processes (`speed.rss`)
+    openvino: bool = False  # OpenVINO GenAI's full-cache and eviction rows (`speed.openvino`)
 
 
 def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, on_case, warn, memory: list) -> list:
@@ -95,6 +97,8 @@ def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, o
         return rows
     if setup.llama:
         rows += _llama_rows(model, loaded, ids, lengths, group, threads, setup, on_case, warn)
+    if setup.openvino:
+        rows += _openvino_rows(loaded, ids, lengths, group, base, threads, setup, on_case, warn)
     if setup.rss:
         memory += _memory_rows(model, loaded, ids, lengths, name, base, threads, setup, on_case, warn)
     rows += _path_rows(setup, ready, request, ids[:n], group, base, on_case, warn)
@@ -155,6 +159,33 @@ def _llama_rows(model, loaded, ids, lengths, group, threads, setup, on_case, war
             rows += made
             if not made:
                 break  # one line says why; the other lengths would say the same
+    return rows
+
+
+def _openvino_rows(loaded, ids, lengths, group, base: CakeConfig, threads, setup, on_case, warn) -> list:
+    """OpenVINO GenAI's two rows at every length (`speed.openvino`); one warning line where it cannot run."""
+    rows: list = []
+    for n in lengths:
+
+        def make(n=n):
+            on_case(f"{group}: OpenVINO GenAI @ {n} tokens")
+            if loaded.path is None:
+                raise CakeError("OpenVINO GenAI needs the model's checkpoint folder", "load the model from a folder")
+            return openvino_rows(
+                loaded.path,
+                list(ids[:n]),
+                base.budget,
+                base.window,
+                f"{group} · openvino",
+                new_tokens=setup.new_tokens,
+                threads=(threads.prefill, threads.decode),
+                repeats=setup.repeats,
+            )
+
+        made = safe_rows("OpenVINO GenAI", make, warn)
+        rows += made
+        if not made:
+            break  # one line says why; the other lengths would say the same
     return rows
 
 

@@ -12,4 +12,7 @@ pip_install --timeout 15 --retries 0 --index-url https://download.pytorch.org/wh
   || pip_install "torch==2.13.0"
 pip_install "openvino-genai==2026.4.1.0" "openvino-tokenizers==2026.4.1.0" "optimum-intel[openvino]==2.2.0" \
   "transformers>=4.51,<5.6" "torch==2.13.0"
-.venv-openvino/bin/python -c "import openvino_genai, transformers; print('openvino-genai', openvino_genai.__version__, 'transformers', transformers.__version__)"
+# optimum-intel pulls torchvision, whose PyPI build does not match the CPU torch (its operators fail to
+# register and transformers then cannot import its models); nothing here uses it
+.venv-openvino/bin/python -m pip uninstall -y -q torchvision
+.venv-openvino/bin/python -c "from transformers import PreTrainedModel; import openvino_genai, transformers; print('openvino-genai', openvino_genai.__version__, 'transformers', transformers.__version__)"

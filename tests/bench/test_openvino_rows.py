@@ -34,8 +34,9 @@ def test_openvino_rows_ask_for_our_budget_window_and_warm_up(monkeypatch, tmp_pa
 
     def fake_run(cmd, **kwargs):
         seen["cmd"] = cmd
-        out = {"rows": [_script_row(None, [20.0, 21.0, 22.0], [30.0, 31.0, 32.0]),
-                        _script_row(256, [19.0, 20.0, 21.0], [40.0, 41.0, 42.0])], "openvino_genai": "2026.4.1"}  # fmt: skip
+        rows = [_script_row(None, [20.0, 21.0, 22.0], [30.0, 31.0, 32.0]),
+                _script_row(256, [19.0, 20.0, 21.0], [40.0, 41.0, 42.0])]  # fmt: skip
+        out = {"rows": rows, "openvino_genai": "2026.4.1"}
         return subprocess.CompletedProcess(cmd, 0, stdout="exporting…\n" + json.dumps(out) + "\n", stderr="")
 
     monkeypatch.setattr(openvino, "available", lambda: True)

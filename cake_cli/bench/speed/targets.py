@@ -229,9 +229,7 @@ def openvino_lines(rows: list[dict]) -> list[str]:
         mine = comparable([r for r in engine if r["method"] == method], k["length"])
         if mine is None:
             continue
-        theirs = (
-            "OpenVINO GenAI (eviction, B={})".format(k["budget"]) if method == "cake" else "OpenVINO GenAI (full cache)"
-        )
+        theirs = f"eviction, B={k['budget']}" if method == "cake" else "full cache"
         where = f"{model} {dtype} {method} at {mine['length']} tokens vs OpenVINO GenAI ({theirs})"
         decode = cross_ratio(mine, k, "decode_tokens_per_second")
         out.append(timed_line(f"{where}: decode", decode, 1.0 if method == "cake" else 0.8, at_least=True))

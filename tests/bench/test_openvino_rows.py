@@ -80,3 +80,9 @@ def test_openvino_lines_pair_cake_with_its_eviction_and_full_with_its_full_cache
     assert "cake at 8192 tokens vs OpenVINO GenAI (eviction, B=256): decode 1.23x" in lines[0]
     assert "prefill time 0.75x" in lines[1]
     assert "full at 8192 tokens vs OpenVINO GenAI (full cache): decode 0.77x" in lines[2]
+
+
+def test_the_other_engines_scripts_are_found_in_the_checkout():
+    """The runner scripts sit in the checkout's benchmarks/ (their venvs are made there too)."""
+    assert paths.KVPRESS_SCRIPT.is_file() and openvino.OPENVINO_SCRIPT.is_file()
+    assert (paths.REPO / "benchmarks" / "openvino_env.sh").is_file()

@@ -31,7 +31,7 @@ from cake_cli.tasks.planning import plan
 from cake_cli.tasks.request import Callbacks, TaskRequest
 from cake_cli.tasks.runner import ReadyModel, run_task
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # the checkout: cake_cli/bench/speed/paths.py -> ./
 KVPRESS_PYTHON = REPO / ".venv-kvpress" / "bin" / "python"
 KVPRESS_SCRIPT = REPO / "benchmarks" / "kvpress_speed.py"
 QUESTION = "What is this document about? Answer in one sentence."

@@ -138,54 +138,55 @@ def _memory_rows(model, loaded, ids, lengths, name, base, threads, setup, on_cas
 def _llama_rows(model, loaded, ids, lengths, group, threads, setup, on_case, warn) -> list:
     """llama.cpp's row at every length, on the model's GGUF (`speed.llama`); one warning line where it
     cannot run."""
-    rows: list = []
     with tempfile.TemporaryDirectory() as tmp:
         gguf = _gguf_once(model, loaded, Path(tmp))
-        for n in lengths:
 
-            def make(n=n):
-                on_case(f"{group}: llama.cpp @ {n} tokens")
-                return llama_row(
-                    gguf(),
-                    list(ids[:n]),
-                    f"{group} · llama.cpp",
-                    new_tokens=setup.new_tokens,
-                    threads=(threads.prefill, threads.decode),
-                    repeats=setup.repeats,
-                    prefill_once=setup.prefill_once,
-                )
+        def make(n: int) -> list:
+            on_case(f"{group}: llama.cpp @ {n} tokens")
+            row = llama_row(
+                gguf(),
+                list(ids[:n]),
+                f"{group} · llama.cpp",
+                new_tokens=setup.new_tokens,
+                threads=(threads.prefill, threads.decode),
+                repeats=setup.repeats,
+                prefill_once=setup.prefill_once,
+            )
+            return [row]
 
-            made = safe("llama.cpp", make, warn)
-            rows += made
-            if not made:
-                break  # one line says why; the other lengths would say the same
-    return rows
+        return _each_length("llama.cpp", lengths, make, warn)
 
 
 def _openvino_rows(loaded, ids, lengths, group, base: CakeConfig, threads, setup, on_case, warn) -> list:
     """OpenVINO GenAI's two rows at every length (`speed.openvino`); one warning line where it cannot run."""
+
+    def make(n: int) -> list:
+        on_case(f"{group}: OpenVINO GenAI @ {n} tokens")
+        if loaded.path is None:
+            raise CakeError("OpenVINO GenAI needs the model's checkpoint folder", "load the model from a folder")
+        return openvino_rows(
+            loaded.path,
+            list(ids[:n]),
+            base.budget,
+            base.window,
+            f"{group} · openvino",
+            new_tokens=setup.new_tokens,
+            threads=(threads.prefill, threads.decode),
+            repeats=setup.repeats,
+        )
+
+    return _each_length("OpenVINO GenAI", lengths, make, warn)
+
+
+def _each_length(label: str, lengths: list[int], make, warn) -> list:
+    """make(n) (a list of rows) at every length in turn; at the first that fails, one warning line
+    (`speed.paths.safe_rows`) and no more lengths (they would fail the same way)."""
     rows: list = []
     for n in lengths:
-
-        def make(n=n):
-            on_case(f"{group}: OpenVINO GenAI @ {n} tokens")
-            if loaded.path is None:
-                raise CakeError("OpenVINO GenAI needs the model's checkpoint folder", "load the model from a folder")
-            return openvino_rows(
-                loaded.path,
-                list(ids[:n]),
-                base.budget,
-                base.window,
-                f"{group} · openvino",
-                new_tokens=setup.new_tokens,
-                threads=(threads.prefill, threads.decode),
-                repeats=setup.repeats,
-            )
-
-        made = safe_rows("OpenVINO GenAI", make, warn)
-        rows += made
+        made = safe_rows(label, lambda n=n: make(n), warn)
         if not made:
-            break  # one line says why; the other lengths would say the same
+            break
+        rows += made
     return rows
 
 

@@ -46,42 +46,38 @@ def skeleton(d: Path, dtype: torch.dtype, attn_implementation: str | None) -> Pr
     return model
 
 
-def checkpoint_files(d: Path) -> dict[str, Path]:
-    """{tensor name: safetensors file holding it} for folder `d` (a single file or an indexed set);
-    empty when `d` has no safetensors weights or its index is unreadable."""
+def checkpoint_tensors(d: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """{tensor name: (safetensors file holding it, its shape)} for folder `d` (a single file or an
+    indexed set); empty when `d` has no safetensors weights or its index is unreadable.
+
+    Raises:
+        SafetensorError, OSError: a listed file cannot be read.
+    """
     index = d / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError):
+            paths = {d / file for file in json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return {}
-        return {name: d / file for name, file in weight_map.items()}
-    single = d / "model.safetensors"
-    if not single.is_file():
+    elif (d / "model.safetensors").is_file():
+        paths = {d / "model.safetensors"}
+    else:
         return {}
-    try:
-        with safe_open(str(single), "pt") as f:
-            return {name: single for name in f.keys()}
-    except (SafetensorError, OSError):
-        return {}
-
-
-def _shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
-    shapes = {}
-    for path in set(files.values()):
+    tensors = {}
+    for path in paths:
         with safe_open(str(path), "pt") as f:
             for name in f.keys():
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
+                tensors[name] = (path, tuple(f.get_slice(name).get_shape()))
+    return tensors
 
 
 def read_rows(path: Path, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Tensor `name` of safetensors file `path` cast to `dtype`, read `CHUNK_BYTES` of rows per mapping
     (each mapping closed before the next: the file's pages do not pile up in resident memory)."""
-    out = torch.empty(shape, dtype=dtype)
     if not shape:
         with safe_open(str(path), "pt") as f:
             return f.get_tensor(name).to(dtype)
+    out = torch.empty(shape, dtype=dtype)
     row_bytes = max(1, math.prod(shape[1:]) * 4)
     step = max(1, CHUNK_BYTES // row_bytes)
     for start in range(0, shape[0], step):
@@ -94,10 +90,10 @@ def read_ends(path: Path, name: str, shape: tuple[int, ...], dtype: torch.dtype)
     """The first and last `SAMPLES` values of tensor `name` flattened, cast to `dtype`: [2 · SAMPLES]
     (what `fingerprint` samples from a loaded parameter), reading only the rows that hold them."""
     with safe_open(str(path), "pt") as f:
-        part = f.get_slice(name)
         if not shape or math.prod(shape) <= 2 * SAMPLES:
             flat = f.get_tensor(name).reshape(-1)
             return torch.cat([flat[:SAMPLES], flat[-SAMPLES:]]).to(dtype)
+        part = f.get_slice(name)
         rows = math.ceil(SAMPLES / max(1, math.prod(shape[1:])))
         first = part[:rows].reshape(-1)[:SAMPLES]
         last = part[shape[0] - rows :].reshape(-1)[-SAMPLES:]
@@ -121,17 +117,17 @@ def load_cached(d: Path, tokenizer, dtype: torch.dtype, scheme: str, model: PreT
     """
     if getattr(model, "_keep_in_fp32_modules", None):
         return None
-    files = checkpoint_files(d)
     try:
-        shapes = _shapes(files)
+        stored = checkpoint_tensors(d)
     except (SafetensorError, OSError):
         return None
     params = dict(model.named_parameters())
-    if any(name not in shapes or shapes[name] != tuple(p.shape) for name, p in params.items()):
+    if any(name not in stored or stored[name][1] != tuple(p.shape) for name, p in params.items()):
         return None
 
     def ends(name: str, _param) -> torch.Tensor:
-        return read_ends(files[name], name, shapes[name], dtype)
+        file, shape = stored[name]
+        return read_ends(file, name, shape, dtype)
 
     key = fingerprint(model, tokenizer, ends=ends)
     path = cache_file(d, scheme, key)
@@ -145,7 +141,8 @@ def load_cached(d: Path, tokenizer, dtype: torch.dtype, scheme: str, model: PreT
             continue
         module_name, _, attr = name.rpartition(".")
         module = model.get_submodule(module_name)
-        value = read_rows(files[name], name, shapes[name], param.dtype)
+        file, shape = stored[name]
+        value = read_rows(file, name, shape, param.dtype)
         module._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
     model.tie_weights()  # a tied output head shares the embedding just read
     apply_tensors(model, scheme, tensors)

@@ -120,18 +120,19 @@ def load_model(
     if progress:
         progress(f"loading {source.name} as {dtype_name} from {source.path}")
     torch_dtype = getattr(torch, dtype_name)
-    model = None  # set here when the quantized linear layers came straight from their cache
-    if scheme != "bf16" and not on_cuda and device_map in (None, "cpu"):
+    on_cpu = not on_cuda and device_map in (None, "cpu")
+    model = tokenizer = None  # model set here when the quantized linear layers came straight from their cache
+    if scheme != "bf16" and on_cpu:
         model, tokenizer, scheme, weights_reason = _load_lean(
             source.path, torch_dtype, attn_implementation, scheme, weights_reason, progress
         )
     lean = model is not None
     if not lean:
-        model, tokenizer = _load_dir(source.path, torch_dtype, device_map, attn_implementation)
+        model, tokenizer = _load_dir(source.path, torch_dtype, device_map, attn_implementation, tokenizer)
     if scheme == "auto":
-        scheme, weights_reason = auto_weights(on_cuda or device_map not in (None, "cpu"), _linear_bytes(model))
+        scheme, weights_reason = auto_weights(not on_cpu, _linear_bytes(model))
     if scheme != "bf16" and not lean:
-        if on_cuda or device_map not in (None, "cpu"):
+        if not on_cpu:
             raise CakeError(
                 f"--weights {scheme} runs on CPU only (its kernels are torch's CPU int8/int4 kernels)",
                 hint="use --weights bf16 (or auto) on CUDA or with --device-map",
@@ -294,11 +295,13 @@ def _implementation(attn_implementation: str) -> str | None:
     return None if attn_implementation == "sdpa" else attn_implementation
 
 
-def _load_dir(d: Path, dtype: torch.dtype, device_map, attn_implementation: str):
-    """Load tokenizer and model from a checked directory, then check the family contract on the model."""
+def _load_dir(d: Path, dtype: torch.dtype, device_map, attn_implementation: str, tokenizer=None):
+    """Load tokenizer (unless given) and model from a checked directory, then check the family
+    contract on the model."""
     hf_logging.disable_progress_bar()  # a plain checkpoint loads in seconds: our status line is enough
     try:
-        tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(d, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
             d,
             dtype=dtype,

@@ -73,10 +73,12 @@ def test_fingerprint_from_the_file_equals_the_loaded_models(tmp_path):
     d = _as_float32(save_tiny_model(tmp_path / "m", arch="qwen2", hidden=64))
     full = load_model(str(d), dtype="bfloat16")
     shell = lean_load.skeleton(d, torch.bfloat16, None)
-    files = lean_load.checkpoint_files(d)
-    shapes = {n: tuple(p.shape) for n, p in shell.named_parameters()}
+    stored = lean_load.checkpoint_tensors(d)
+    assert all(stored[n][1] == tuple(p.shape) for n, p in shell.named_parameters())
     assert all(p.is_meta for p in shell.parameters())
-    key = fingerprint(shell, full.tokenizer, ends=lambda n, p: lean_load.read_ends(files[n], n, shapes[n], p.dtype))
+    key = fingerprint(
+        shell, full.tokenizer, ends=lambda n, p: lean_load.read_ends(stored[n][0], n, stored[n][1], p.dtype)
+    )
     assert key == fingerprint(full.model, full.tokenizer)
     assert fingerprint(shell, full.tokenizer) != key  # without the samples it is another model's
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from cake_cli.bench.speed.paths import REPO, external_row, run_json_script
-from cake_cli.bench.speed.rows import WARMUP_NEW_TOKENS, WARMUP_TOKENS, SpeedRow
+from cake_cli.bench.speed.rows import OPENVINO_METHODS, WARMUP_NEW_TOKENS, WARMUP_TOKENS, SpeedRow
 from cake_cli.errors import CakeError
 from cake_cli.paths import models_dir
 
 OPENVINO_PYTHON = REPO / ".venv-openvino" / "bin" / "python"
 OPENVINO_SCRIPT = REPO / "benchmarks" / "openvino_speed.py"
-METHODS = ("openvino-full", "openvino-evict")  # the rows' method names: full cache, eviction at B
 
 
 def available() -> bool:
@@ -73,5 +72,5 @@ def openvino_rows(
     data = run_json_script(OPENVINO_PYTHON, OPENVINO_SCRIPT, token_ids, args, "the OpenVINO GenAI run", fix)
     return [
         external_row(row, method, row["budget"], group, (threads[0], threads[0]))
-        for row, method in zip(data["rows"], METHODS)
+        for row, method in zip(data["rows"], OPENVINO_METHODS)
     ]

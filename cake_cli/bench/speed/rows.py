@@ -46,7 +46,7 @@ class SpeedRow:
 
     group: str
     length: int  # prompt tokens
-    method: str  # a METHODS name, "cake-grow", "limit", "kvpress-snapkv", "llama.cpp" or `openvino.METHODS`
+    method: str  # a METHODS name, "cake-grow", "limit", "kvpress-snapkv", "llama.cpp" or `OPENVINO_METHODS`
     budget: int | None  # tokens per layer (None: full cache)
     prefill_seconds: float
     ttft_seconds: float  # prefill + choosing the first token (the CLI path: + building the prompt)
@@ -141,6 +141,7 @@ def measure(
     }
 
 
+OPENVINO_METHODS = ("openvino-full", "openvino-evict")  # `speed.openvino`'s rows: its full cache, its eviction at B
 WARMUP_TOKENS = 256  # prompt tokens of the unmeasured warm-up run before a block of timed runs
 WARMUP_NEW_TOKENS = 4  # tokens it generates
 INT_FIELDS = ("decode_steps", "kv_bytes_kept", "kv_peak_prefill", "kv_bytes_full", "rss_peak_delta")

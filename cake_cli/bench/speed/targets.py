@@ -14,7 +14,7 @@ KV bytes are deterministic, so their lines are PASS / FAIL on one run.
 
 from __future__ import annotations
 
-from cake_cli.bench.speed.rows import Spread, cross_ratio
+from cake_cli.bench.speed.rows import OPENVINO_METHODS, Spread, cross_ratio
 
 LONG = 7600  # "8K" targets apply to rows at least this long (SmolLM2 stops at 7,600 prompt tokens)
 MIN_REPEATS = 3  # timed runs a timing target needs before it decides
@@ -222,10 +222,11 @@ def openvino_lines(rows: list[dict]) -> list[str]:
     our full cache vs its full cache, decode >= 0.8x its (as against llama.cpp). The issue that asked
     for these rows set no target; these say whether we are at least as fast as that runtime."""
     out = []
-    for k in (r for r in rows if r["method"] in ("openvino-evict", "openvino-full")):
+    ours = dict(zip(OPENVINO_METHODS, ("full", "cake")))  # its full cache vs ours, its eviction vs CAKE
+    for k in (r for r in rows if r["method"] in ours):
         model, dtype, _ = _split(k["group"])
         engine = [r for r in rows if r["group"] == f"{model} · {dtype} · engine"]
-        method = "cake" if k["method"] == "openvino-evict" else "full"
+        method = ours[k["method"]]
         mine = comparable([r for r in engine if r["method"] == method], k["length"])
         if mine is None:
             continue

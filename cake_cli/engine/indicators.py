@@ -111,7 +111,15 @@ def group_mean(scores: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
         [H_kv, m].
     """
     num_heads, m = scores.shape
-    return scores.reshape(num_kv_heads, num_heads // num_kv_heads, m).mean(dim=1)  # [H_kv, m]
+    group = num_heads // num_kv_heads
+    grouped = scores.reshape(num_kv_heads, group, m)  # [H_kv, g, m]
+    # the g heads added one after another, element by element: every token's mean is summed in the same
+    # order whatever the tensor's width or the token's column (torch's `mean` over dim 1 is not, and a
+    # tie between candidates then breaks differently in a batched step than layer by layer)
+    total = grouped[:, 0].clone()
+    for head in range(1, group):
+        total += grouped[:, head]
+    return total / group  # [H_kv, m]
 
 
 def top_k_sorted(scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cake_cli.engine.attention import use_cake_attention
@@ -49,6 +49,10 @@ shapes = st.tuples(st.integers(1, 3), st.sampled_from([(1, 1), (1, 7), (2, 1), (
     policy=st.sampled_from(["fixed", "grow"]),
     backend=st.sampled_from(["eager", "sdpa"]),
     seed=st.integers(0, 1000),
+)
+# exact ties among candidates (avg pooling wider than them) in a batched decode step with padded layers
+@example(
+    shape=(2, (1, 7)), n=8, window=2, extra=3, tau1=1.0, tau2=1.0, gamma=0.0, policy="fixed", backend="eager", seed=1
 )
 def test_random_shapes_match_the_masking_reference(shape, n, window, extra, tau1, tau2, gamma, policy, backend, seed):
     layers, (kv_heads, group) = shape

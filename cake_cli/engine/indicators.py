@@ -75,7 +75,8 @@ def smooth(scores: torch.Tensor, kind: str, kernel: int) -> torch.Tensor:
     """1-D pooling along tokens, stride 1, padding kernel // 2 (authors' code: avg, k = 5).
 
     Equal, bit for bit, to torch's `avg_pool1d` (zero padding counted) and `max_pool1d`
-    (tests/engine/test_methods.py checks it): a running sum of the k shifted rows, then / k.
+    (tests/engine/test_methods.py checks it): a running sum of the k shifted rows, then / k; for max,
+    maxima over doubling widths.
 
     Args:
         scores: [H, m] per-head token scores.
@@ -90,11 +91,15 @@ def smooth(scores: torch.Tensor, kind: str, kernel: int) -> torch.Tensor:
     half, m = kernel // 2, scores.shape[-1]
     padded = scores.new_full((scores.shape[0], m + 2 * half), 0.0 if kind == "avg" else float("-inf"))
     padded[:, half : half + m] = scores  # [H, m + 2·half]
-    if kind == "max":  # a running maximum of the k shifted rows (exact; `unfold` + `amax` took 4-5x longer on CPU)
-        peak = padded[:, 0:m]
-        for shift in range(1, kernel):
-            peak = peak.maximum(padded[:, shift : shift + m])
-        return peak  # [H, m]
+    if kind == "max":
+        # maxima of doubling widths (1, 2, 4, ... p <= k), then the width-k maximum as the larger of two
+        # overlapping width-p ones: log2(k) + 1 passes instead of k - 1, exact since max is (`unfold` +
+        # `amax` took 4-5x longer on CPU, a running maximum of the k shifted rows twice as long at k = 7)
+        peak, width = padded, 1  # peak[:, i]: the maximum of padded[:, i : i + width]
+        while 2 * width <= kernel:
+            peak = peak[:, :-width].maximum(peak[:, width:])
+            width *= 2
+        return peak[:, 0:m].maximum(peak[:, kernel - width : kernel - width + m])  # [H, m]
     total = padded[:, 0:m].clone()
     for shift in range(1, kernel):
         total += padded[:, shift : shift + m]

@@ -93,8 +93,8 @@ def smooth(scores: torch.Tensor, kind: str, kernel: int) -> torch.Tensor:
     padded[:, half : half + m] = scores  # [H, m + 2·half]
     if kind == "max":
         # maxima of doubling widths (1, 2, 4, ... p <= k), then the width-k maximum as the larger of two
-        # overlapping width-p ones: log2(k) + 1 passes instead of k - 1, exact since max is (`unfold` +
-        # `amax` took 4-5x longer on CPU, a running maximum of the k shifted rows twice as long at k = 7)
+        # overlapping width-p ones: log2(k) + 1 passes instead of the k - 1 of a running maximum, exact
+        # since max is (`unfold` + `amax` took 4-5x longer on CPU)
         peak, width = padded, 1  # peak[:, i]: the maximum of padded[:, i : i + width]
         while 2 * width <= kernel:
             peak = peak[:, :-width].maximum(peak[:, width:])

@@ -74,9 +74,10 @@ def variance_rows(a: torch.Tensor) -> torch.Tensor:
 def smooth(scores: torch.Tensor, kind: str, kernel: int) -> torch.Tensor:
     """1-D pooling along tokens, stride 1, padding kernel // 2 (authors' code: avg, k = 5).
 
-    Equal, bit for bit, to torch's `avg_pool1d` (zero padding counted) and `max_pool1d`
-    (tests/engine/test_methods.py checks it): a running sum of the k shifted rows, then / k; for max,
-    maxima over doubling widths.
+    Max is torch's `max_pool1d` (padding is -inf, so it never wins). Avg is a running sum of the k
+    shifted rows, then / k: equal, bit for bit, to `avg_pool1d` with zero padding counted, and faster
+    on CPU at the decode step's widths (2.9x at [336, 2148], 9x at [14, 8192]; one thread, one run).
+    tests/engine/test_methods.py checks both against an explicit window-by-window loop.
 
     Args:
         scores: [H, m] per-head token scores.
@@ -89,17 +90,12 @@ def smooth(scores: torch.Tensor, kind: str, kernel: int) -> torch.Tensor:
     if kernel == 1:
         return scores
     half, m = kernel // 2, scores.shape[-1]
-    padded = scores.new_full((scores.shape[0], m + 2 * half), 0.0 if kind == "avg" else float("-inf"))
-    padded[:, half : half + m] = scores  # [H, m + 2·half]
     if kind == "max":
-        # maxima of doubling widths (1, 2, 4, ... p <= k), then the width-k maximum as the larger of two
-        # overlapping width-p ones: log2(k) + 1 passes instead of the k - 1 of a running maximum, exact
-        # since max is (`unfold` + `amax` took 4-5x longer on CPU)
-        peak, width = padded, 1  # peak[:, i]: the maximum of padded[:, i : i + width]
-        while 2 * width <= kernel:
-            peak = peak[:, :-width].maximum(peak[:, width:])
-            width *= 2
-        return peak[:, 0:m].maximum(peak[:, kernel - width : kernel - width + m])  # [H, m]
+        from torch.nn.functional import max_pool1d  # here, not at the top: see the module docstring
+
+        return max_pool1d(scores.unsqueeze(1), kernel, stride=1, padding=half).squeeze(1)  # [H, m]
+    padded = scores.new_zeros((scores.shape[0], m + 2 * half))
+    padded[:, half : half + m] = scores  # [H, m + 2·half]
     total = padded[:, 0:m].clone()
     for shift in range(1, kernel):
         total += padded[:, shift : shift + m]

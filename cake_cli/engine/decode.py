@@ -12,6 +12,7 @@ cache without it (e.g. a .cake file from before it was saved there) is refused (
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import NamedTuple
 
@@ -187,8 +188,53 @@ class Victims(NamedTuple):
     """What `batched_victims` picked for one step of P layers."""
 
     slots: torch.Tensor  # [P, H_kv] int64: the slot each KV head of each layer evicts
-    following: torch.Tensor  # [P, H_kv, kmax]: the padded slot order after the new token takes each victim's slot
+    following: torch.Tensor  # [H_kv, S] int64: the next step's flat column order (`FlatLayout`), the victim moved last
     reused: bool  # the `order` hint was this step's position order (no sort ran)
+
+
+POSITION_BITS = 40  # flat sort key = layer << 40 | (position + pad): true positions stay below 2**40
+
+
+class FlatLayout(NamedTuple):
+    """The P layers of a batched step side by side in one row of S = sum(pad + k_l) columns: layer l
+    takes columns base_l .. base_l + pad + k_l - 1, its `pad` separator columns first, then its k_l
+    slots (slot s in column base_l + pad + s). A separator is never a candidate, so pooling (kernel
+    <= 2·pad + 1) never reads across two layers."""
+
+    layer: torch.Tensor  # [S] int64: the layer of each column
+    key_offset: torch.Tensor  # [S] int64: layer << POSITION_BITS | pad, the column's sort key less its position
+    first_slot: torch.Tensor  # [P] int64: base_l + pad, the column of the layer's slot 0
+    outside: (
+        torch.Tensor
+    )  # [n_out] int64: the columns of separators and of each layer's most recent w = min(window, capacity)
+    dest: torch.Tensor  # [S] int64: the column's place in a [P, wmax] grid, each layer reversed (its last column first)
+    last: torch.Tensor  # [S] int64: the last column of the column's layer
+    layer_last: torch.Tensor  # [P] int64: the last column of each layer
+    pad_positions: torch.Tensor  # [pad] int64: -pad .. -1, the separators' positions (before every slot)
+    wmax: int  # the widest layer, pad + max k_l
+
+
+@functools.lru_cache(maxsize=8)
+def flat_layout(sizes: tuple[int, ...], windows: tuple[int, ...], pad: int, device: torch.device) -> FlatLayout:
+    """The `FlatLayout` of layers holding `sizes` slots with `windows` protected recent tokens each
+    (the same for every step of a fixed-policy decode, hence cached)."""
+    widths = torch.tensor([pad + k for k in sizes], device=device)  # [P]
+    base = widths.cumsum(0) - widths
+    layer = torch.repeat_interleave(torch.arange(len(sizes), device=device), widths)  # [S]
+    offset = torch.arange(layer.shape[0], device=device) - base[layer]  # column within its layer
+    candidates_end = (widths - torch.tensor(windows, device=device))[layer]
+    wmax = int(widths.max())
+    return FlatLayout(
+        layer=layer,
+        key_offset=(layer << POSITION_BITS) + pad,
+        first_slot=base + pad,
+        outside=((offset < pad) | (offset >= candidates_end)).nonzero().squeeze(1),
+        dest=layer * wmax + widths[layer] - 1 - offset,
+        last=(base + widths - 1)[layer],
+        layer_last=base + widths - 1,
+        pad_positions=torch.arange(-pad, 0, device=device),
+        wmax=wmax,
+    )
 
 
 def batched_victims(
@@ -203,25 +249,26 @@ def batched_victims(
     candidates in position order, the most recent w = min(window, capacity) kept; among ties the
     latest), for an indicator of `BATCHED`.
 
-    The layers hold different numbers of slots k_l (= capacity + 1), so they are padded at the front
-    to the longest, kmax: padded slots get position -1, before every real one, and the attention
-    outside each layer's candidates (the padding and the window) is set to what the pooling pads with
-    (0 for average, -inf for max pooling), so each candidate's pooled score is the one-layer score;
-    the padded and window slots then score +inf, out of the running for the minimum.
+    The layers hold different numbers of slots k_l (= capacity + 1); they are laid side by side in
+    one row (`FlatLayout`, no padding to the longest), each after `kernel // 2` separator columns.
+    Every column is sorted by the key (layer, true position), so the row is each layer's slots in
+    position order, layer after layer. The attention outside each layer's candidates (separators and
+    window) is set to what the pooling pads with (0 for average, -inf for max pooling), so pooling the
+    whole row gives each candidate its one-layer score, summed in the same order; the separators and
+    the window then score +inf, out of the running for the minimum.
 
-    Sorting the slots by position is the step's largest cost, and it is known in advance: the new
-    token of the next step takes the victim's slot and is the newest, so the next order is this one
-    with the victim moved to the end (`Victims.following`). Passed back as `order`, it is used when
-    it is this step's order (checked: padding first, then strictly increasing true positions, which
-    makes it a permutation of the real slots), else the slots are sorted as before.
+    Sorting is the step's largest cost, and the next step's order is known: the new token takes the
+    victim's slot and is the newest, so it is this order with the victim moved to its layer's end
+    (`Victims.following`). Passed back as `order`, it is used when it sorts this step's keys strictly
+    increasing (which makes it the sorting permutation), else the columns are sorted again.
 
     Args:
         config: the indicator, pooling, gamma and window (docs/method.md §Decoding, Eq. 11).
         probs: P tensors [H, 1, k_l] float32, the new query's attention over the layer's slots.
-        positions: P tensors [H_kv, k_l] int64, the true position of each slot (>= 0).
+        positions: P tensors [H_kv, k_l] int64, the true position of each slot (0 <= p < 2**40).
         capacity: P ints, the layer's tokens after eviction (k_l - 1).
-        order: [P, H_kv, kmax] int64, a guess of the padded slots in position order (the previous
-            step's `following`), or None.
+        order: [H_kv, S] int64, a guess of the flat columns in key order (the previous step's
+            `following`), or None.
 
     Returns:
         `Victims`: the slots [P, H_kv], the next step's order guess, whether `order` was used.
@@ -234,44 +281,41 @@ def batched_victims(
     sizes = [p.shape[-1] for p in probs]
     if any(k != cap + 1 for k, cap in zip(sizes, capacity)):
         raise ValueError(f"each layer must hold one slot over its capacity: slots {sizes}, capacity {capacity}")
-    count, num_heads, num_kv, kmax = len(probs), probs[0].shape[0], positions[0].shape[0], max(sizes)
-    group, device = num_heads // num_kv, probs[0].device
-    pos = positions[0].new_full((count, num_kv, kmax), -1)  # [P, H_kv, kmax], padding first
-    att = probs[0].new_empty((count, num_heads, kmax))  # [P, H, kmax]
-    for i, (p, a, k) in enumerate(zip(positions, probs, sizes)):
-        pos[i, :, kmax - k :] = p
-        att[i, :, kmax - k :] = a[:, 0, :]
-    pads = torch.tensor([kmax - k for k in sizes], device=device)[:, None]  # [P, 1]
-    index = torch.arange(kmax, device=device)
-    padding = index < pads  # [P, kmax]
-    reused = order is not None and order.shape == pos.shape
+    pool_kind, kernel = {"cake": (config.pool_kind, config.pool_kernel), "snapkv": SNAPKV_POOL}.get(
+        config.indicator, ("avg", 1)
+    )  # what `token_scores` pools with (TOVA: nothing)
+    num_heads, num_kv, device = probs[0].shape[0], positions[0].shape[0], probs[0].device
+    group, pad = num_heads // num_kv, kernel // 2
+    windows = tuple(min(config.window, cap) for cap in capacity)
+    flat = flat_layout(tuple(sizes), windows, pad, device)
+    separator = probs[0].new_zeros((num_heads, 1, pad))  # its values are masked below
+    att = torch.cat([t for p in probs for t in (separator, p)], dim=2)[:, 0, :]  # [H, S]
+    pad_pos = flat.pad_positions.expand(num_kv, pad)
+    pos = torch.cat([t for p in positions for t in (pad_pos, p)], dim=1)  # [H_kv, S]
+    key = pos + flat.key_offset  # [H_kv, S]: distinct, >= 0
+    reused = order is not None and order.shape == key.shape
     if reused:
-        sorted_pos = pos.gather(2, order)  # [P, H_kv, kmax]
-        rising = sorted_pos[..., 1:] > sorted_pos[..., :-1]  # [P, H_kv, kmax - 1]
-        reused = bool(((sorted_pos < 0) == padding[:, None, :]).all() and (rising | padding[:, None, 1:]).all())
+        sorted_key = key.gather(1, order)
+        reused = bool((sorted_key[:, 1:] > sorted_key[:, :-1]).all())
     if not reused:
-        order = pos.argsort(dim=-1)  # [P, H_kv, kmax]: padding (-1) first, then position order
-        sorted_pos = pos.gather(2, order)
-    by_head = order[:, :, None, :].expand(count, num_kv, group, kmax)
-    att = att.view(count, num_kv, group, kmax).gather(3, by_head).view(count, num_heads, kmax)  # position order
-    window = torch.tensor([kmax - min(config.window, cap) for cap in capacity], device=device)[:, None]
-    outside = padding | (index >= window)  # [P, kmax]: padding and window
-    pool_kind = {"cake": config.pool_kind, "snapkv": SNAPKV_POOL[0]}.get(config.indicator, "avg")
-    att.masked_fill_(outside[:, None, :], float("-inf") if pool_kind == "max" else 0.0)
-    scores = token_scores(
-        config.indicator,
-        att.view(-1, 1, kmax),
-        sorted_pos.reshape(-1, kmax),
-        count * num_kv,
-        gamma=config.gamma,
-        pool=(config.pool_kind, config.pool_kernel),
-    ).view(count, num_kv, kmax)  # [P, H_kv, kmax]
-    scores.masked_fill_(outside[:, None, :], float("inf"))
-    victim = (kmax - 1) - torch.argmin(scores.flip(-1), dim=-1)  # [P, H_kv]: lowest; among ties the latest
-    padded_slot = order.gather(2, victim.unsqueeze(-1))  # [P, H_kv, 1]
-    skip = index[: kmax - 1] + (index[: kmax - 1] >= victim.unsqueeze(-1))  # [P, H_kv, kmax - 1]: all but the victim
-    following = torch.cat([order.gather(2, skip), padded_slot], dim=-1)  # the victim's slot holds the newest next
-    return Victims(padded_slot.squeeze(-1) - pads, following, reused)
+        order = key.argsort(dim=-1)  # [H_kv, S]
+        sorted_key = key.gather(1, order)
+    sorted_pos = sorted_key - flat.key_offset  # [H_kv, S]: the order keeps every column in its layer
+    by_head = order[:, None, :].expand(num_kv, group, order.shape[1])
+    att = att.view(num_kv, group, -1).gather(2, by_head).view(num_heads, -1)  # [H, S] in key order
+    att.index_fill_(1, flat.outside, float("-inf") if pool_kind == "max" else 0.0)  # (masked_fill_: 15x longer)
+    pool = (config.pool_kind, config.pool_kernel)
+    scores = token_scores(config.indicator, att.unsqueeze(1), sorted_pos, num_kv, gamma=config.gamma, pool=pool)
+    scores.index_fill_(1, flat.outside, float("inf"))
+    grid = scores.new_full((num_kv, len(sizes) * flat.wmax), float("inf"))
+    grid = grid.index_copy_(1, flat.dest, scores).view(num_kv, len(sizes), flat.wmax)  # [H_kv, P, wmax] reversed
+    victim = flat.layer_last - torch.argmin(grid, dim=-1)  # [H_kv, P]: lowest; among ties the latest (first reversed)
+    column = order.gather(1, victim)  # [H_kv, P]: the victim slot's own column
+    index = torch.arange(order.shape[1], device=device).expand_as(order)
+    at = victim.gather(1, flat.layer.expand_as(order))  # [H_kv, S]: the victim column of each column's layer
+    shift = (index >= at) & (index < flat.last)
+    index = torch.where(index == flat.last, at, index + shift)  # skip the victim, then put it last
+    return Victims((column - flat.first_slot).T.contiguous(), order.gather(1, index), reused)
 
 
 class GrowDecode:

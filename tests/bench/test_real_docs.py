@@ -9,6 +9,7 @@ package is absent is skipped with the package named.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 
 import pytest
@@ -35,6 +36,7 @@ from cake_cli.engine.replay import prefix_cache
 from cake_cli.errors import CakeError
 from cake_cli.tasks.answers.cite import parse_cited
 from cake_cli.tasks.inputs.documents import page_of_offset
+from cake_cli.tasks.templates import load_template
 
 REAL = load_set()
 IDS = [d.id for d in REAL.documents]
@@ -297,13 +299,18 @@ def test_questions_sharing_their_document_prefill_answer_as_alone(cli_env, long)
     base += ["--methods", "full,cake,snapkv", "--long", long]
     shared, alone = cli_env / "shared.json", cli_env / "alone.json"
     made = []
+    # 8 new tokens, not the template's: what is compared is the prefill, and the tiny model never stops early
+    # (with sections, every section's replies ran to the limit: 6 minutes of the suite)
+    short = lambda name: replace(load_template(name), max_new_tokens=8)  # noqa: E731
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(real, "load_template", short)
         mp.setattr(real, "prefix_cache", lambda model, ids: made.append(ids.shape[1]) or prefix_cache(model, ids))
         assert runner.invoke(app, [*base, "--output", str(shared)]).exit_code == 0
     # one prefill of the document block for both questions; with sections, of each section the two
     # questions split alike (a longer question leaves less room, so sections may split elsewhere)
     assert (len(made) == 1 and made[0] > 64) if long == "middle" else len(made) >= 1
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(real, "load_template", short)
         mp.setattr(real, "can_share", lambda *a: False)
         assert runner.invoke(app, [*base, "--output", str(alone)]).exit_code == 0
     key = lambda r: (r["case_id"], r["method"], r["budget"])  # noqa: E731

@@ -60,7 +60,9 @@ CONFIGS = [
 @pytest.mark.parametrize("levels", [None, 2])
 @pytest.mark.parametrize("seed", range(4))
 def test_batched_victims_equal_the_per_layer_path(config, levels, seed):
-    capacity = [12, 30, 9, 21, 5, 30]  # layers of different lengths; 5 < window + kernel: candidates near the edge
+    # layers of different lengths; 5 < window + kernel: candidates near the edge; 2 < kernel // 2 (kernel 7): a
+    # window narrower than the separator, so the next layer's separator alone keeps pooling inside the layer
+    capacity = [12, 30, 9, 21, 5, 30, 2, 7]
     cache, probs = random_layers(capacity, seed, levels)
     want = per_layer_victims(config, cache, probs, capacity)
     positions = [layer.positions for layer in cache.layers]
@@ -72,6 +74,28 @@ def test_batched_victims_equal_the_per_layer_path(config, levels, seed):
                   got.following):  # fmt: skip
         again = batched_victims(config, probs, positions, capacity, order=wrong)
         assert again.slots.tolist() == want.tolist() and not again.reused
+
+
+@pytest.mark.parametrize(
+    "config,short",
+    [(CakeConfig(budget=16, window=4, pool_kind="max", pool_kernel=7), 2), (CakeConfig(budget=16, window=4), 1)],
+)
+def test_pooling_never_reads_into_the_next_layer(config, short):
+    """A short layer (capacity below kernel // 2, so its window is narrower than the pooling's reach) with
+    one high candidate, then a layer whose first candidate is its clear minimum: pooling across the
+    boundary would lift that minimum and move the victim; the batched step must evict as layer by layer."""
+    capacity = [short, 12]
+    cache = CakeCache(2)
+    for layer, cap in zip(cache.layers, capacity):
+        layer.update(torch.zeros(1, KV_HEADS, cap + 1, DIM), torch.zeros(1, KV_HEADS, cap + 1, DIM))
+    high = torch.zeros(HEADS, 1, short + 1)
+    high[:, 0, 0] = 0.9  # the short layer's one candidate
+    low = torch.full((HEADS, 1, 13), 0.5)
+    low[:, 0, :4] = 0.01  # the long layer's first candidates score lowest, the first of them alone at its minimum
+    probs = [high, low]
+    want = per_layer_victims(config, cache, probs, capacity)
+    got = batched_victims(config, probs, [layer.positions for layer in cache.layers], capacity)
+    assert want[1].tolist() == [0, 0] and got.slots.tolist() == want.tolist()
 
 
 def random_layers_probs(capacity, seed, levels):

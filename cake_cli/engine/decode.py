@@ -20,7 +20,7 @@ import torch
 
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.headlengths import live_slots, pack_heads
-from cake_cli.engine.indicators import SNAPKV_POOL, accumulates, token_scores, top_k_sorted
+from cake_cli.engine.indicators import accumulates, group_mean, pooling, token_scores, top_k_sorted
 from cake_cli.engine.window import window_attention
 
 BATCHED = frozenset({"cake", "snapkv", "tova"})  # indicators `batched_victims` scores: finite scores from `a` alone
@@ -281,15 +281,18 @@ def batched_victims(
     sizes = [p.shape[-1] for p in probs]
     if any(k != cap + 1 for k, cap in zip(sizes, capacity)):
         raise ValueError(f"each layer must hold one slot over its capacity: slots {sizes}, capacity {capacity}")
-    pool_kind, kernel = {"cake": (config.pool_kind, config.pool_kernel), "snapkv": SNAPKV_POOL}.get(
-        config.indicator, ("avg", 1)
-    )  # what `token_scores` pools with (TOVA: nothing)
+    pool = (config.pool_kind, config.pool_kernel)
+    pool_kind, kernel = pooling(config.indicator, pool)
     num_heads, num_kv, device = probs[0].shape[0], positions[0].shape[0], probs[0].device
     group, pad = num_heads // num_kv, kernel // 2
     windows = tuple(min(config.window, cap) for cap in capacity)
     flat = flat_layout(tuple(sizes), windows, pad, device)
     separator = probs[0].new_zeros((num_heads, 1, pad))  # its values are masked below
     att = torch.cat([t for p in probs for t in (separator, p)], dim=2)[:, 0, :]  # [H, S]
+    if pool_kind == "avg":
+        # `token_scores` takes the group mean before an average pooling: taking it here, bit for bit the
+        # same (the mean is element-wise), gathers, masks and pools H_kv rows instead of H
+        att, group = group_mean(att, num_kv), 1  # [H_kv, S]
     pad_pos = flat.pad_positions.expand(num_kv, pad)
     pos = torch.cat([t for p in positions for t in (pad_pos, p)], dim=1)  # [H_kv, S]
     key = pos + flat.key_offset  # [H_kv, S]: distinct, >= 0
@@ -302,9 +305,8 @@ def batched_victims(
         sorted_key = key.gather(1, order)
     sorted_pos = sorted_key - flat.key_offset  # [H_kv, S]: the order keeps every column in its layer
     by_head = order[:, None, :].expand(num_kv, group, order.shape[1])
-    att = att.view(num_kv, group, -1).gather(2, by_head).view(num_heads, -1)  # [H, S] in key order
+    att = att.view(num_kv, group, -1).gather(2, by_head).view(num_kv * group, -1)  # [H or H_kv, S] in key order
     att.index_fill_(1, flat.outside, float("-inf") if pool_kind == "max" else 0.0)  # (masked_fill_: 15x longer)
-    pool = (config.pool_kind, config.pool_kernel)
     scores = token_scores(config.indicator, att.unsqueeze(1), sorted_pos, num_kv, gamma=config.gamma, pool=pool)
     scores.index_fill_(1, flat.outside, float("inf"))
     grid = scores.new_full((num_kv, len(sizes) * flat.wmax), float("inf"))

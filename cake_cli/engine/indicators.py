@@ -140,21 +140,21 @@ def top_k_sorted(scores: torch.Tensor, k: int) -> torch.Tensor:
     return order.sort(dim=-1).values
 
 
-# ---- the indicators: Attention -> [H, m] per query head ------------------------------------------
+# ---- the indicators: Attention -> [H, m] per query head, unpooled--------------------------------------
 
 
 def cake(x: Attention) -> torch.Tensor:
-    """CAKE (Eq. 11): mean + gamma · variance over the query rows, then pooled along tokens.
-    With one query (decode) the variance term is 0."""
+    """CAKE (Eq. 11): mean + gamma · variance over the query rows, before pooling (`token_scores`
+    pools it with `Attention.pool`). With one query (decode) the variance term is 0."""
     if x.a.shape[-2] == 1:
-        return smooth(x.a[:, 0, :], *x.pool)
+        return x.a[:, 0, :]
     var = x.column_var if x.column_var is not None else variance_rows(x.a)
-    return smooth(x.a.mean(dim=-2) + x.gamma * var, *x.pool)
+    return x.a.mean(dim=-2) + x.gamma * var
 
 
 def snapkv(x: Attention) -> torch.Tensor:
-    """SnapKV: mean attention over the window, max-pooled with kernel 7."""
-    return smooth(x.a.mean(dim=-2), *SNAPKV_POOL)
+    """SnapKV: mean attention over the window, before pooling (`token_scores`: max, kernel 7)."""
+    return x.a.mean(dim=-2)
 
 
 def h2o(x: Attention) -> torch.Tensor:
@@ -198,6 +198,12 @@ INDICATORS: dict[str, Callable[[Attention], torch.Tensor]] = {  # [H, m] per que
 ACCUMULATED = frozenset({"h2o"})  # indicators that read `Attention.accumulated` (already averaged per KV head)
 
 
+def pooling(kind: str, pool: tuple[str, int]) -> tuple[str, int]:
+    """The (kind, kernel) smoothing `token_scores` applies to indicator `kind`: CAKE's profile
+    setting `pool`, SnapKV's own (max, 7), none (kernel 1) for the others (docs/method.md §Pooling)."""
+    return {"cake": pool, "snapkv": SNAPKV_POOL}.get(kind, ("avg", 1))
+
+
 def accumulates(indicator: str | None) -> bool:
     """Whether `indicator` reads the accumulated attention of every query (the cache must accumulate it)."""
     return indicator in ACCUMULATED
@@ -214,7 +220,9 @@ def token_scores(
     column_var: torch.Tensor | None = None,
     accumulated: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Eviction indicator `kind` of the candidate tokens of one layer, per KV head; larger = keep.
+    """Eviction indicator `kind` of the candidate tokens of one layer, per KV head; larger = keep:
+    the indicator per query head, pooled along tokens (`pooling`), averaged over each KV head's g
+    query heads (docs/method.md §Pooling, §GQA); an ACCUMULATED indicator as it is.
 
     Args:
         kind: a key of INDICATORS.
@@ -230,4 +238,11 @@ def token_scores(
     if kind not in INDICATORS:
         raise ValueError(f"unknown indicator {kind!r}; choose one of {', '.join(INDICATORS)}")
     scores = INDICATORS[kind](Attention(a, positions, gamma, pool, column_var, accumulated))
-    return scores if kind in ACCUMULATED else group_mean(scores, num_kv_heads)  # [H_kv, m]
+    if kind in ACCUMULATED:
+        return scores  # [H_kv, m]
+    pool_kind, kernel = pooling(kind, pool)
+    if pool_kind == "avg":
+        # average pooling (zero padding counted) and the group mean are both linear, so they commute:
+        # the mean first pools H_kv rows instead of H (the same scores up to float rounding)
+        return smooth(group_mean(scores, num_kv_heads), pool_kind, kernel)  # [H_kv, m]
+    return group_mean(smooth(scores, pool_kind, kernel), num_kv_heads)  # [H_kv, m]

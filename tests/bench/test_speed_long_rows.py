@@ -29,6 +29,25 @@ def test_prefill_once_decodes_every_repeat_from_the_same_state(tiny_model):
         assert (a.kv_bytes_kept, a.kv_bytes_full, a.decode_steps) == (b.kv_bytes_kept, b.kv_bytes_full, b.decode_steps)
 
 
+def test_repeats_run_in_rounds_of_every_case(tiny_model):
+    """Each round runs every case once (so a slow spell of the machine falls on all cases of a round),
+    after every case's one prefill with `prefill_once`; the rows of one call share a rounds id."""
+    use_cake_attention(tiny_model, "sdpa")
+    ids = torch.randint(0, 97, (120,), generator=torch.Generator().manual_seed(1)).tolist()
+    base = CakeConfig(budget=24, window=6)
+    seen: list[str] = []
+    kwargs = dict(lengths=[120], methods=["cake", "full"], threads=Threads(1, 1, "test"), new_tokens=4)
+    rows = run_speed(tiny_model, ids, base, group="t", repeats=2, prefill_once=True, on_case=seen.append, **kwargs)
+    cases = ["cake @ 120", "full @ 120", "limit @ 24"]
+    assert seen == [f"t: {c} tokens, prefill" for c in cases] + [
+        f"t: {c} tokens, run {r}/2" for r in (1, 2) for c in cases
+    ]
+    assert [r.method for r in rows] == ["cake", "full", "limit"]
+    assert len({r.rounds for r in rows}) == 1 and rows[0].rounds
+    again = run_speed(tiny_model, ids, base, group="t", repeats=2, **kwargs)
+    assert again[0].rounds not in ("", rows[0].rounds)  # another call: not paired with this one
+
+
 def _memory(cake: int, llama: int, length: int = 32000) -> list[MemoryRow]:
     mib = 2**20
     return [

@@ -20,7 +20,7 @@ import cake_cli.cli.commands.bench  # noqa: F401 - registers `cake bench` on the
 import cake_cli.cli.commands.bench_speed  # noqa: F401 - registers `cake bench speed`
 from cake_cli.bench.speed import paths
 from cake_cli.bench.speed.report import ratios
-from cake_cli.bench.speed.rows import TIMED, SpeedRow, Spread, cross_ratio, median_row, share
+from cake_cli.bench.speed.rows import TIMED, SpeedRow, Spread, cross_ratio, median_row, ratio_spread, share
 from cake_cli.bench.speed.targets import (
     MIN_REPEATS,
     bf16_lines,
@@ -34,8 +34,9 @@ from cake_cli.cli.main import app
 from cake_cli.cli.runners import bench_speed as runner
 
 
-def row(group, length, method, prefill, tps, *, budget=256, evict=None, kv=3 << 20) -> SpeedRow:
-    """A row whose repeats took `prefill` seconds and decoded at `tps` tokens/s (one value per repeat)."""
+def row(group, length, method, prefill, tps, *, budget=256, evict=None, kv=3 << 20, rounds="") -> SpeedRow:
+    """A row whose repeats took `prefill` seconds and decoded at `tps` tokens/s (one value per repeat);
+    `rounds`: the id of the rounds it was measured in ("" for none)."""
     n = len(prefill)
     evict = evict or [0.01] * n
     runs = [
@@ -54,7 +55,7 @@ def row(group, length, method, prefill, tps, *, budget=256, evict=None, kv=3 << 
         }
         for p, t, e in zip(prefill, tps, evict)
     ]
-    return median_row(group, length, method, None if method in ("full", "limit") else budget, runs, "2/2")
+    return median_row(group, length, method, None if method in ("full", "limit") else budget, runs, "2/2", rounds)
 
 
 def verdicts(lines: list[str]) -> list[str]:
@@ -141,6 +142,40 @@ def test_cross_ratio_spans_every_pairing_of_the_repeats():
         assert s.low == pytest.approx(min(pairs)) and s.high == pytest.approx(max(pairs))
         assert s.median == pytest.approx(statistics.median(xa) / statistics.median(xb))
         assert s.repeats == min(len(xa), len(xb))
+
+
+def test_rows_of_one_set_of_rounds_are_compared_round_by_round():
+    rng = random.Random(11)
+    for _ in range(50):
+        n = rng.randint(2, 7)
+        xa, xb = [rng.uniform(1, 20) for _ in range(n)], [rng.uniform(1, 20) for _ in range(n)]
+        a = {"x": statistics.median(xa), "samples": {"x": xa}, "rounds": "r"}
+        b = {"x": statistics.median(xb), "samples": {"x": xb}, "rounds": "r"}
+        per_round = [xa[i] / xb[i] for i in range(n)]
+        s = ratio_spread(a, b, "x")
+        assert (s.median, s.low, s.high, s.repeats) == pytest.approx(
+            (statistics.median(per_round), min(per_round), max(per_round), n)
+        )
+        assert ratio_spread(a, {**b, "rounds": "other"}, "x") == cross_ratio(a, b, "x")  # measured apart
+        assert ratio_spread({**a, "rounds": ""}, {**b, "rounds": ""}, "x") == cross_ratio(a, b, "x")
+    one = {"x": 2.0, "samples": {"x": [2.0]}, "rounds": "r"}
+    assert ratio_spread(one, one, "x") == cross_ratio(one, one, "x")  # one sample: nothing to pair
+
+
+def test_a_slow_round_both_rows_shared_cancels_when_they_ran_in_rounds():
+    g = "qwen · bfloat16 · engine"
+
+    def limit_line(rounds):
+        rows = [
+            row(g, 8192, "cake", [11.0] * 3, [10.0, 7.0, 10.2], rounds=rounds),
+            row(g, 256, "limit", [0.2] * 3, [10.4, 7.3, 10.6], rounds=rounds),
+        ]
+        return next(line for line in engine_lines(ratios(rows)) if "the limit" in line)
+
+    # round by round 10.0 / 10.4, 7.0 / 7.3, 10.2 / 10.6 = 0.962, 0.959, 0.962: every round meets 0.95x
+    assert limit_line("r1").startswith("PASS") and "0.96x (min 0.96x, max 0.96x over 3 runs" in limit_line("r1")
+    # measured apart, the slow round pairs with the fast ones: 7.0 / 10.6 = 0.66 up to 10.2 / 7.3 = 1.40
+    assert limit_line("").startswith("within noise") and "(min 0.66x, max 1.40x" in limit_line("")
 
 
 def test_share_is_taken_within_each_run():

@@ -2,8 +2,9 @@
 
 Ratios compare rows of one group (model · dtype · path) and length: vs the full cache (prefill,
 decode, KV bytes), vs SnapKV (prefill, KV peak), and decode vs the limit (full cache with a prompt
-as long as the budget). Each timed ratio is the ratio of the medians, with its spread over the
-repeats under `spreads` (`rows.Spread`: min, max, repeats), which the targets read.
+as long as the budget). Each timed ratio is taken round by round (`rows.ratio_spread`: rows of one
+`run_speed` call ran in the same rounds), its median, min and max over the rounds under `spreads`
+(`rows.Spread`), which the targets read; rows measured apart pair every repeat (`rows.cross_ratio`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import asdict
 from rich import box
 from rich.table import Table
 
-from cake_cli.bench.speed.rows import SpeedRow, Spread, cross_ratio, share
+from cake_cli.bench.speed.rows import SpeedRow, Spread, ratio_spread, share
 from cake_cli.tasks.results import human_bytes
 
 
@@ -29,15 +30,15 @@ def ratios(rows: list[SpeedRow]) -> list[dict]:
         spreads: dict[str, Spread] = {}
         full = by.get((row.group, row.length, "full"))
         if full is not None and row.method != "limit":
-            spreads["prefill_vs_full"] = cross_ratio(d, full, "prefill_seconds")
-            spreads["decode_vs_full"] = cross_ratio(d, full, "decode_tokens_per_second")
+            spreads["prefill_vs_full"] = ratio_spread(d, full, "prefill_seconds")
+            spreads["decode_vs_full"] = ratio_spread(d, full, "decode_tokens_per_second")
             d["kv_kept_vs_full"] = row.kv_bytes_kept / max(full["kv_bytes_kept"], 1)
         limit = limits.get(row.group)
         if limit is not None and row.method not in ("limit", "full"):
-            spreads["decode_vs_limit"] = cross_ratio(d, limit, "decode_tokens_per_second")
+            spreads["decode_vs_limit"] = ratio_spread(d, limit, "decode_tokens_per_second")
         snap = by.get((row.group, row.length, "snapkv"))
         if snap is not None and row.method in ("cake", "pyramidkv", "cake-grow"):
-            spreads["prefill_vs_snapkv"] = cross_ratio(d, snap, "prefill_seconds")
+            spreads["prefill_vs_snapkv"] = ratio_spread(d, snap, "prefill_seconds")
             d["kv_peak_vs_snapkv"] = row.kv_peak_prefill / max(snap["kv_peak_prefill"], 1)
         if row.prefill_seconds > 0:
             spreads["eviction_share"] = share(d, "eviction_seconds", "prefill_seconds")

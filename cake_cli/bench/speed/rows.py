@@ -3,8 +3,10 @@ eviction overhead of each method, side by side in one process.
 
 Every method runs on the same real prompt (the Python language reference shipped with CPython)
 cut to each context length, with the same thread policy the CLI uses (`tasks.threads`), after one
-unmeasured warm-up run, `repeats` times; a row holds the median of the repeats and every repeat's
-timings (`SpeedRow.samples`), so a comparison can show its spread (`Spread`). The decode "limit"
+unmeasured warm-up run, `repeats` times, in rounds: each round runs every case once, so a slower
+spell of a shared machine slows the cases of that round alike. A row holds the median of the repeats
+and every repeat's timings (`SpeedRow.samples`), so a comparison can show its spread (`Spread`);
+two rows of the same rounds are compared round by round (`ratio_spread`). The decode "limit"
 row is the full cache with a prompt only as long as the budget: what decoding at that cache size
 cannot beat.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -42,6 +45,8 @@ class SpeedRow:
     `group` names what the row is compared within: rows with the same group and length share a
     full-cache row (ratios), e.g. "qwen2.5-coder-0.5b · bfloat16 · engine". `samples` holds, for
     each TIMED field, its value in every repeat (run order); the field itself is their median.
+    `rounds` is shared by the rows one `run_speed` call measured round by round (sample i of each
+    from round i), "" for a row measured on its own (another engine's).
     """
 
     group: str
@@ -62,6 +67,7 @@ class SpeedRow:
     threads: str  # "prefill/decode"
     repeats: int
     samples: dict[str, tuple[float, ...]] = field(default_factory=dict)  # TIMED field -> one value per repeat
+    rounds: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,16 +90,29 @@ def _values(row: dict, key: str) -> list[float]:
     return list(row.get("samples", {}).get(key) or [row[key]])
 
 
+TINY = 1e-12  # guards a ratio against a zero denominator
+
+
+def ratio_spread(a: dict, b: dict, key: str) -> Spread:
+    """a[key] / b[key] for two rows of one set of rounds (`SpeedRow.rounds`, the same number of
+    samples of `key`): the median, min and max of the ratio within each round, so a slowdown both
+    rows shared cancels out; for rows measured apart (or one sample each), `cross_ratio`."""
+    xa, xb = _values(a, key), _values(b, key)
+    if not (a.get("rounds") and a.get("rounds") == b.get("rounds") and len(xa) == len(xb) > 1):
+        return cross_ratio(a, b, key)
+    per_round = [p / max(q, TINY) for p, q in zip(xa, xb)]
+    return Spread(statistics.median(per_round), min(per_round), max(per_round), len(per_round))
+
+
 def cross_ratio(a: dict, b: dict, key: str) -> Spread:
     """a[key] / b[key] for two rows measured in separate runs: the median is the ratio of the
     medians; low and high pair a's smallest with b's largest value and the reverse (any pairing of
     their repeats lies between)."""
     xa, xb = _values(a, key), _values(b, key)
-    tiny = 1e-12
     return Spread(
-        a[key] / max(b[key], tiny),
-        min(xa) / max(max(xb), tiny),
-        max(xa) / max(min(xb), tiny),
+        a[key] / max(b[key], TINY),
+        min(xa) / max(max(xb), TINY),
+        max(xa) / max(min(xb), TINY),
         min(len(xa), len(xb)),
     )
 
@@ -147,9 +166,11 @@ WARMUP_NEW_TOKENS = 4  # tokens it generates
 INT_FIELDS = ("decode_steps", "kv_bytes_kept", "kv_peak_prefill", "kv_bytes_full", "rss_peak_delta")
 
 
-def median_row(group: str, length: int, method: str, budget: int | None, runs: list[dict], threads: str) -> SpeedRow:
+def median_row(
+    group: str, length: int, method: str, budget: int | None, runs: list[dict], threads: str, rounds: str = ""
+) -> SpeedRow:
     """Median of each measurement over the repeats `runs` (dicts of `measure`'s keys), with every
-    repeat's TIMED values kept as `samples`."""
+    repeat's TIMED values kept as `samples`; `rounds`: see `SpeedRow`."""
     med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
     values = {k: int(v) if k in INT_FIELDS else float(v) for k, v in med.items()}
     samples = {key: tuple(float(run[key]) for run in runs) for key in TIMED if key in runs[0]}
@@ -161,6 +182,7 @@ def median_row(group: str, length: int, method: str, budget: int | None, runs: l
         threads=threads,
         repeats=len(runs),
         samples=samples,
+        rounds=rounds,
         **values,
     )
 
@@ -199,12 +221,13 @@ def run_speed(
         methods: names from `bench.suites.SPEED_METHODS`.
         threads: prefill / decode thread counts (`tasks.threads.choose`).
         new_tokens: tokens generated per run (decode speed is over new_tokens - 1 steps).
-        repeats: timed runs per case, after one unmeasured warm-up run of this call; the median is
-            reported, every repeat kept in `SpeedRow.samples`.
+        repeats: rounds of timed runs, each running every case once, after one unmeasured warm-up run
+            of this call; the median is reported, every repeat kept in `SpeedRow.samples`.
         on_case: progress callback, called before each run with a short label.
         prefill_once: time one prefill per case and decode `repeats` times from copies of its state
             (long contexts, where a prefill takes minutes): the row's prefill has one sample, so no
-            prefill verdict can be drawn from it (`Spread.repeats`).
+            prefill verdict can be drawn from it (`Spread.repeats`). Every case's prefilled state is
+            held until the last round (the full cache of the longest length included).
 
     Returns:
         One SpeedRow per (length, method), then one "limit" row (full cache, prompt = budget).
@@ -218,19 +241,25 @@ def run_speed(
     warm = torch.tensor([token_ids[: min(WARMUP_TOKENS, len(token_ids))]], device=device)
     measure(model, warm, config_for("cake", base), WARMUP_NEW_TOKENS, threads)  # warm-up, not measured
     cases = [(n, m) for n in lengths for m in methods] + [(base.budget, "limit")]
-    label = f"{threads.prefill}/{threads.decode}"
-    rows = []
-    for n, method in cases:
-        ids = torch.tensor([token_ids[:n]], device=device)
-        config = None if method == "limit" else config_for(method, base)
-        runs, state = [], None
-        for r in range(repeats):
+    label, rounds = f"{threads.prefill}/{threads.decode}", uuid.uuid4().hex[:12]
+    ids = {n: torch.tensor([token_ids[:n]], device=device) for n, _ in cases}
+    configs = {case: None if case[1] == "limit" else config_for(case[1], base) for case in cases}
+    states = {}
+    for case in cases if prefill_once else []:
+        if on_case:
+            on_case(f"{group}: {case[1]} @ {case[0]} tokens, prefill")
+        with threads_using(threads.prefill):
+            states[case] = prefill(model, ids[case[0]], configs[case], collect_stats=False)
+    runs: dict[tuple[int, str], list[dict]] = {case: [] for case in cases}
+    for r in range(repeats):
+        for n, method in cases:
             if on_case:
                 on_case(f"{group}: {method} @ {n} tokens, run {r + 1}/{repeats}")
-            if prefill_once and state is None:
-                with threads_using(threads.prefill):
-                    state = prefill(model, ids, config, collect_stats=False)
-            runs.append(measure(model, ids, config, new_tokens, threads, state))
-        row = median_row(group, n, method, None if config is None else base.budget, runs, label)
+            config = configs[(n, method)]
+            runs[(n, method)].append(measure(model, ids[n], config, new_tokens, threads, states.get((n, method))))
+    rows = []
+    for (n, method), case_runs in runs.items():
+        budget = None if configs[(n, method)] is None else base.budget
+        row = median_row(group, n, method, budget, case_runs, label, rounds)
         rows.append(one_prefill(row) if prefill_once else row)
     return rows

@@ -4,7 +4,8 @@ absent from the run is not printed.
 
 A line starts with its verdict:
 - `PASS` / `FAIL`: the median over the repeats meets / misses the target, and so does every
-  pairing of the repeats (`rows.Spread`: the target lies outside [min, max]);
+  round (rows of one `run_speed` call) or every pairing of the repeats (rows measured apart)
+  (`rows.Spread`: the target lies outside [min, max]);
 - `within noise`: the target lies within the min-max spread of the repeats, so they cannot say
   which side the case is on;
 - `too few repeats`: a timing target with fewer than MIN_REPEATS timed runs behind it (no verdict);

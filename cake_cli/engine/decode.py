@@ -204,9 +204,9 @@ class FlatLayout(NamedTuple):
     layer: torch.Tensor  # [S] int64: the layer of each column
     key_offset: torch.Tensor  # [S] int64: layer << POSITION_BITS | pad, the column's sort key less its position
     first_slot: torch.Tensor  # [P] int64: base_l + pad, the column of the layer's slot 0
-    outside: (
-        torch.Tensor
-    )  # [n_out] int64: the columns of separators and of each layer's most recent w = min(window, capacity)
+    # [n_out] int64: the columns of separators and of each layer's most recent w = min(window, capacity)
+    outside: torch.Tensor
+    columns: torch.Tensor  # [S] int64: 0 .. S - 1
     dest: torch.Tensor  # [S] int64: the column's place in a [P, wmax] grid, each layer reversed (its last column first)
     last: torch.Tensor  # [S] int64: the last column of the column's layer
     layer_last: torch.Tensor  # [P] int64: the last column of each layer
@@ -221,7 +221,8 @@ def flat_layout(sizes: tuple[int, ...], windows: tuple[int, ...], pad: int, devi
     widths = torch.tensor([pad + k for k in sizes], device=device)  # [P]
     base = widths.cumsum(0) - widths
     layer = torch.repeat_interleave(torch.arange(len(sizes), device=device), widths)  # [S]
-    offset = torch.arange(layer.shape[0], device=device) - base[layer]  # column within its layer
+    columns = torch.arange(layer.shape[0], device=device)
+    offset = columns - base[layer]  # column within its layer
     candidates_end = (widths - torch.tensor(windows, device=device))[layer]
     wmax = int(widths.max())
     return FlatLayout(
@@ -229,6 +230,7 @@ def flat_layout(sizes: tuple[int, ...], windows: tuple[int, ...], pad: int, devi
         key_offset=(layer << POSITION_BITS) + pad,
         first_slot=base + pad,
         outside=((offset < pad) | (offset >= candidates_end)).nonzero().squeeze(1),
+        columns=columns,
         dest=layer * wmax + widths[layer] - 1 - offset,
         last=(base + widths - 1)[layer],
         layer_last=base + widths - 1,
@@ -313,7 +315,7 @@ def batched_victims(
     grid = grid.index_copy_(1, flat.dest, scores).view(num_kv, len(sizes), flat.wmax)  # [H_kv, P, wmax] reversed
     victim = flat.layer_last - torch.argmin(grid, dim=-1)  # [H_kv, P]: lowest; among ties the latest (first reversed)
     column = order.gather(1, victim)  # [H_kv, P]: the victim slot's own column
-    index = torch.arange(order.shape[1], device=device).expand_as(order)
+    index = flat.columns.expand_as(order)
     at = victim.gather(1, flat.layer.expand_as(order))  # [H_kv, S]: the victim column of each column's layer
     shift = (index >= at) & (index < flat.last)
     index = torch.where(index == flat.last, at, index + shift)  # skip the victim, then put it last

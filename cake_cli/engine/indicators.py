@@ -140,7 +140,7 @@ def top_k_sorted(scores: torch.Tensor, k: int) -> torch.Tensor:
     return order.sort(dim=-1).values
 
 
-# ---- the indicators: Attention -> [H, m] per query head, unpooled--------------------------------------
+# ---- the indicators: Attention -> [H, m] per query head, unpooled ------------------------------
 
 
 def cake(x: Attention) -> torch.Tensor:

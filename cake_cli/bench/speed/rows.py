@@ -244,12 +244,13 @@ def run_speed(
     label, rounds = f"{threads.prefill}/{threads.decode}", uuid.uuid4().hex[:12]
     ids = {n: torch.tensor([token_ids[:n]], device=device) for n, _ in cases}
     configs = {case: None if case[1] == "limit" else config_for(case[1], base) for case in cases}
-    states = {}
-    for case in cases if prefill_once else []:
-        if on_case:
-            on_case(f"{group}: {case[1]} @ {case[0]} tokens, prefill")
-        with threads_using(threads.prefill):
-            states[case] = prefill(model, ids[case[0]], configs[case], collect_stats=False)
+    states = {}  # (length, method) -> its one prefilled state, with `prefill_once`
+    if prefill_once:
+        for n, method in cases:
+            if on_case:
+                on_case(f"{group}: {method} @ {n} tokens, prefill")
+            with threads_using(threads.prefill):
+                states[(n, method)] = prefill(model, ids[n], configs[(n, method)], collect_stats=False)
     runs: dict[tuple[int, str], list[dict]] = {case: [] for case in cases}
     for r in range(repeats):
         for n, method in cases:

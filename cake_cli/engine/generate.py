@@ -261,52 +261,114 @@ def decode(
     Raises:
         ValueError: H2O's `fixed` policy on a cache without accumulated attention (`decode.prepare_cache`).
     """
-    cache, logits, n, device = state.cache, state.logits, input_ids.shape[1], input_ids.device
-    prepare_cache(cache, config)
-    decode_policy = _decode_policy(config, state, capacity)
-    cache.policy = decode_policy
-    cache.tracking_peak = False
+    decoding = Decoding(
+        model, input_ids, state, config, max_new_tokens=max_new_tokens, sampling=sampling, stop_ids=stop_ids,
+        on_token=on_token, step_logits=step_logits, forced_tokens=forced_tokens,
+        stop_on_repetition=stop_on_repetition, stop_when=stop_when, capacity=capacity,
+    )  # fmt: skip
+    while decoding.step():
+        pass
+    return decoding.result()
 
-    sampler = Sampler(sampling)
-    tokens: list[int] = []
-    stop_reason = "max_new_tokens"
-    decode_seconds, sampling_seconds, steps = 0.0, 0.0, 0
-    limit = attention_layout(model.config).limit or float("inf")
-    while len(tokens) < max_new_tokens:
-        if n + len(tokens) >= limit:  # the next token would sit past the model's position range
-            stop_reason = "max_positions"
-            break
+
+class Decoding:
+    """`decode` one token at a time: `step()` chooses the next token and, unless decoding ends
+    there, runs its forward pass; `result()` once `step()` returned False. Several decodings of one
+    model can be stepped in turn (the speed benchmark interleaves its cases token by token, so a slow
+    spell of a shared machine slows them alike). Arguments and errors as for `decode`."""
+
+    def __init__(
+        self,
+        model,
+        input_ids: torch.Tensor,
+        state: Prefilled,
+        config: CakeConfig | None,
+        *,
+        max_new_tokens: int = 256,
+        sampling: SamplingConfig = SamplingConfig(),
+        stop_ids: frozenset[int] = frozenset(),
+        on_token: Callable[[int], None] | None = None,
+        step_logits: list | None = None,
+        forced_tokens: list[int] | None = None,
+        stop_on_repetition: bool = False,
+        stop_when: Callable[[list[int]], bool] | None = None,
+        capacity: list[int] | None = None,
+    ):
+        self._start(model, input_ids, state, config, capacity)
+        self.max_new_tokens, self.stop_ids, self.on_token = max_new_tokens, stop_ids, on_token
+        self.step_logits, self.forced_tokens = step_logits, forced_tokens
+        self.stop_on_repetition, self.stop_when = stop_on_repetition, stop_when
+        self.sampler = Sampler(sampling)
+        self.tokens: list[int] = []
+        self.stop_reason = "max_new_tokens"
+        self.decode_seconds, self.sampling_seconds, self.steps = 0.0, 0.0, 0
+        self.done = False
+
+    @torch.inference_mode()
+    def _start(self, model, input_ids: torch.Tensor, state: Prefilled, config: CakeConfig | None, capacity) -> None:
+        """Switch the prefilled cache to the decode policy (inside inference mode, as every step runs)."""
+        self.model, self.state, self.n, self.device = model, state, input_ids.shape[1], input_ids.device
+        prepare_cache(state.cache, config)
+        self.policy = _decode_policy(config, state, capacity)
+        state.cache.policy = self.policy
+        state.cache.tracking_peak = False
+        self.logits = state.logits
+        self.limit = attention_layout(model.config).limit or float("inf")
+
+    @torch.inference_mode()
+    def step(self) -> bool:
+        """Choose one token and run its forward pass; False once decoding has ended (then nothing runs)."""
+        if self.done:
+            return False
+        tokens = self.tokens
+        if len(tokens) >= self.max_new_tokens:
+            return self._end(None)
+        if self.n + len(tokens) >= self.limit:  # the next token would sit past the model's position range
+            return self._end("max_positions")
         t0 = time.perf_counter()
-        if forced_tokens is not None:
-            token = forced_tokens[len(tokens)]
-            sampler.record(token)
+        if self.forced_tokens is not None:
+            token = self.forced_tokens[len(tokens)]
+            self.sampler.record(token)
         else:
-            token = sampler(logits)
-        sampling_seconds += time.perf_counter() - t0
-        if token in stop_ids and forced_tokens is None:
-            stop_reason = "eos"
-            break
+            token = self.sampler(self.logits)
+        self.sampling_seconds += time.perf_counter() - t0
+        if token in self.stop_ids and self.forced_tokens is None:
+            return self._end("eos")
         tokens.append(token)
-        if on_token is not None:
-            on_token(token)
-        if stop_on_repetition and repeated_tail(tokens):
-            stop_reason = "repetition"
-            break
-        if stop_when is not None and stop_when(tokens):
-            stop_reason = "complete"
-            break
-        if len(tokens) == max_new_tokens:
-            break
-        ids = torch.tensor([[token]], device=device)
+        if self.on_token is not None:
+            self.on_token(token)
+        if self.stop_on_repetition and repeated_tail(tokens):
+            return self._end("repetition")
+        if self.stop_when is not None and self.stop_when(tokens):
+            return self._end("complete")
+        if len(tokens) == self.max_new_tokens:
+            return self._end(None)
+        ids = torch.tensor([[token]], device=self.device)
         t1 = time.perf_counter()
-        logits = forward_step(model, cache, ids, n + len(tokens) - 1, step_logits)
-        sync_device(device)
-        decode_seconds += time.perf_counter() - t1
-        steps += 1
+        self.logits = forward_step(self.model, self.state.cache, ids, self.n + len(tokens) - 1, self.step_logits)
+        sync_device(self.device)
+        self.decode_seconds += time.perf_counter() - t1
+        self.steps += 1
+        return True
 
-    cache.settle()
-    times = (decode_seconds, sampling_seconds, steps)
-    return _result(state, n, tokens, stop_reason, times, decode_policy)
+    def _end(self, reason: str | None) -> bool:
+        """Mark decoding ended (`reason` None keeps "max_new_tokens") and settle the cache."""
+        if reason is not None:
+            self.stop_reason = reason
+        self.done = True
+        self.state.cache.settle()
+        return False
+
+    def result(self) -> GenerationResult:
+        """The GenerationResult of a finished decoding.
+
+        Raises:
+            RuntimeError: decoding has not ended yet (`step()` has not returned False).
+        """
+        if not self.done:
+            raise RuntimeError("decoding has not ended: call step() until it returns False")
+        times = (self.decode_seconds, self.sampling_seconds, self.steps)
+        return _result(self.state, self.n, self.tokens, self.stop_reason, times, self.policy)
 
 
 def _decode_policy(config: CakeConfig | None, state: Prefilled, capacity: list[int] | None = None):

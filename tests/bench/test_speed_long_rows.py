@@ -3,12 +3,16 @@ memory lines (synthetic rows; the engine part on the tiny model)."""
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 
-from cake_cli.bench.speed.rows import run_speed
+from cake_cli.bench.speed.rows import config_for, decode_interleaved, run_speed
 from cake_cli.bench.speed.rss import MemoryRow, memory_lines
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.generate import Decoding, decode, prefill
 from cake_cli.tasks.threads import Threads
 from tests.helpers.cli import invoke
 
@@ -39,13 +43,58 @@ def test_repeats_run_in_rounds_of_every_case(tiny_model):
     kwargs = dict(lengths=[120], methods=["cake", "full"], threads=Threads(1, 1, "test"), new_tokens=4)
     rows = run_speed(tiny_model, ids, base, group="t", repeats=2, prefill_once=True, on_case=seen.append, **kwargs)
     cases = ["cake @ 120", "full @ 120", "limit @ 24"]
-    assert seen == [f"t: {c} tokens, prefill" for c in cases] + [
-        f"t: {c} tokens, run {r}/2" for r in (1, 2) for c in cases
+    rounds = [
+        [f"t: {c} tokens, run {r}/2" for c in cases] + [f"t: decoding 3 cases in turn, run {r}/2"] for r in (1, 2)
     ]
+    assert seen == [f"t: {c} tokens, prefill" for c in cases] + rounds[0] + rounds[1]
     assert [r.method for r in rows] == ["cake", "full", "limit"]
     assert len({r.rounds for r in rows}) == 1 and rows[0].rounds
     again = run_speed(tiny_model, ids, base, group="t", repeats=2, **kwargs)
     assert again[0].rounds not in ("", rows[0].rounds)  # another call: not paired with this one
+
+
+def test_interleaved_decoding_steps_every_case_in_turn_and_decodes_as_alone(tiny_model):
+    """`decode_interleaved` runs one forward of each case per turn (no case takes a second step before
+    every other took one, the first to step rotating) and gives each case the tokens, steps and KV
+    bytes it gets decoded alone; a case that stops early (fewer new tokens) leaves the others running."""
+    use_cake_attention(tiny_model, "sdpa")
+    ids = torch.randint(0, 97, (1, 90), generator=torch.Generator().manual_seed(2))
+    threads = Threads(1, 1, "test")
+    configs = [CakeConfig(budget=24, window=6), None, config_for("snapkv", CakeConfig(budget=30, window=6))]
+    lengths = [90, 90, 60]
+    cases = [(ids[:, :n], prefill(tiny_model, ids[:, :n], c, collect_stats=False), c) for n, c in zip(lengths, configs)]
+    alone = [
+        decode(tiny_model, i, copy.deepcopy(s), c, max_new_tokens=6) for i, s, c in cases
+    ]  # the oracle: each decoded on its own
+    order: list[int] = []
+    caches = {id(s.cache): k for k, (_, s, _) in enumerate(cases)}
+    hook = tiny_model.register_forward_pre_hook(
+        lambda mod, args, kwargs: order.append(caches[id(kwargs["cache"])]), with_kwargs=True
+    )
+    try:
+        together = decode_interleaved(tiny_model, cases, 6, threads)
+    finally:
+        hook.remove()
+    assert order[:6] == [0, 1, 2, 1, 2, 0]  # the first to step rotates
+    for turn in range(0, len(order), 3):
+        assert sorted(order[turn : turn + 3]) == [0, 1, 2]
+    assert len(order) == 3 * 5  # 6 new tokens: 5 forward passes each
+    for a, b in zip(together, alone):
+        assert a.token_ids == b.token_ids
+        assert (a.decode_steps, a.kv_bytes_final, a.stop_reason) == (b.decode_steps, b.kv_bytes_final, b.stop_reason)
+
+
+def test_a_decoding_has_no_result_before_it_ends(tiny_model):
+    """`Decoding.result()` before `step()` returned False is refused in one line."""
+    use_cake_attention(tiny_model, "sdpa")
+    ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(3))
+    run = Decoding(tiny_model, ids, prefill(tiny_model, ids, None), None, max_new_tokens=3)
+    assert run.step()
+    with pytest.raises(RuntimeError, match="has not ended"):
+        run.result()
+    while run.step():
+        pass
+    assert len(run.result().token_ids) == 3 and not run.step()
 
 
 def _memory(cake: int, llama: int, length: int = 32000) -> list[MemoryRow]:

@@ -1,14 +1,13 @@
 """The embedded default model (Qwen2.5-Coder-0.5B-Instruct) on real text: README's main job, end to end.
 
 The other real-model tests use SmolLM2 (smaller, faster); this one runs what `scripts/demo.sh` runs, so CI
-checks the default model too: its six part wheels joined and converted once (with a fresh CAKE_HOME),
-then `cake summarize` of CPython's LICENSE.txt at B = 512.
+checks the default model too: its six part wheels joined and converted once (into the run's CAKE_HOME,
+fresh unless CAKE_HOME is set), then `cake summarize` of CPython's LICENSE.txt at B = 512.
 """
 
 from __future__ import annotations
 
 import json
-import os
 
 from typer.testing import CliRunner
 
@@ -19,8 +18,8 @@ from tests.helpers.texts import license_text
 pytestmark = real_model_marks(DEFAULT_MODEL)
 
 
-def test_default_model_summarizes_the_licence(tmp_path, tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("CAKE_HOME", os.environ.get("CAKE_HOME") or str(tmp_path_factory.mktemp("cake-home")))
+def test_default_model_summarizes_the_licence(tmp_path, shared_home, monkeypatch):
+    monkeypatch.setenv("CAKE_HOME", shared_home)
     for name in ("CAKE_MODEL", "CAKE_PROFILES_DIR"):
         monkeypatch.delenv(name, raising=False)
     doc = tmp_path / "LICENSE.txt"

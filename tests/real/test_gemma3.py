@@ -32,13 +32,8 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    return os.environ.get("CAKE_HOME") or str(tmp_path_factory.mktemp("cake-home"))
-
-
-def test_no_eviction_equals_plain_generation_past_the_local_window(home, monkeypatch):
-    monkeypatch.setenv("CAKE_HOME", home)
+def test_no_eviction_equals_plain_generation_past_the_local_window(shared_home, monkeypatch):
+    monkeypatch.setenv("CAKE_HOME", shared_home)
     loaded = load_model(GGUF, dtype="float32")
     model, tok = loaded.model, loaded.tokenizer
     ids = tok(license_text()[:3000] + "\n\nQuestion: who holds the copyright?\nAnswer:", return_tensors="pt").input_ids
@@ -56,10 +51,10 @@ def test_no_eviction_equals_plain_generation_past_the_local_window(home, monkeyp
     assert torch.isfinite(evicted.first_logits).all()
 
 
-def test_qa_end_to_end(home, monkeypatch):
-    monkeypatch.setenv("CAKE_HOME", home)
+def test_qa_end_to_end(shared_home, tmp_path, monkeypatch):
+    monkeypatch.setenv("CAKE_HOME", shared_home)
     monkeypatch.delenv("CAKE_MODEL", raising=False)
-    doc = Path(home) / "license.txt"
+    doc = tmp_path / "license.txt"
     doc.write_text(license_text(), encoding="utf-8")
     result = CliRunner().invoke(
         app,

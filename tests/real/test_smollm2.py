@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from typer.testing import CliRunner
 
 from cake_cli.cli.main import app
@@ -13,14 +12,6 @@ from tests.helpers.texts import license_text
 
 pytestmark = real_model_marks(SMOLLM2)
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def shared_home(tmp_path_factory):
-    """One CAKE_HOME for the module, so the GGUF is converted once (or reuse CI's)."""
-    import os
-
-    return os.environ.get("CAKE_HOME") or str(tmp_path_factory.mktemp("cake-home"))
 
 
 def summarize_json(path, shared_home, monkeypatch, *extra):

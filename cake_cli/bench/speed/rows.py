@@ -3,8 +3,9 @@ eviction overhead of each method, side by side in one process.
 
 Every method runs on the same real prompt (the Python language reference shipped with CPython)
 cut to each context length, with the same thread policy the CLI uses (`tasks.threads`), after one
-unmeasured warm-up run, `repeats` times, in rounds: each round runs every case once, so a slower
-spell of a shared machine slows the cases of that round alike. A row holds the median of the repeats
+unmeasured warm-up run, `repeats` times, in rounds: each round prefills every case, then decodes
+them all one token of each in turn (`decode_interleaved`), so a slower spell of a shared machine
+slows the cases of that round alike, down to a single decode step. A row holds the median of the repeats
 and every repeat's timings (`SpeedRow.samples`), so a comparison can show its spread (`Spread`);
 two rows of the same rounds are compared round by round (`ratio_spread`). The decode "limit"
 row is the full cache with a prompt only as long as the budget: what decoding at that cache size
@@ -23,9 +24,9 @@ import torch
 
 from cake_cli.bench.memory import PeakRss
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.generate import decode, prefill
+from cake_cli.engine.generate import Decoding, GenerationResult, prefill
 from cake_cli.engine.methods import with_method
-from cake_cli.tasks.threads import Threads, decode_following_load
+from cake_cli.tasks.threads import Threads, decoding
 from cake_cli.tasks.threads import using as threads_using
 
 TIMED = (
@@ -60,7 +61,7 @@ class SpeedRow:
     kv_bytes_kept: int  # after prefill
     kv_peak_prefill: int  # largest total during prefill
     kv_bytes_full: int  # the full cache of this prompt
-    rss_peak_delta: int  # peak process memory during the run minus before, bytes
+    rss_peak_delta: int  # peak process memory during the prefill minus before, bytes (decoding adds a token a step)
     eviction_seconds: float  # scoring + eviction, prefill and decode
     sampling_seconds: float  # choosing tokens, n-gram blocking included
     decode_seconds: float
@@ -130,20 +131,38 @@ def config_for(method: str, base: CakeConfig) -> CakeConfig | None:
     return with_method(base, method)
 
 
-def measure(
-    model, ids: torch.Tensor, config: CakeConfig | None, new_tokens: int, threads: Threads, prefilled=None
-) -> dict:
-    """One run: prefill on `threads.prefill` threads, then `new_tokens` greedy tokens on `threads.decode`.
-
-    `prefilled` (a `generate.Prefilled` of the same ids and config): decode from a copy of it instead
-    of prefilling again (`--prefill-once`); its prefill time is reported again."""
+def prefill_case(model, ids: torch.Tensor, config: CakeConfig | None, threads: Threads, prefilled=None) -> tuple:
+    """(prefilled state, peak process memory of the prefill minus before, bytes): a prefill on
+    `threads.prefill` threads, or with `prefilled` (a `generate.Prefilled` of the same ids and config)
+    a copy of it (`--prefill-once`: decoding changes the cache, each repeat starts from the same one)."""
     with PeakRss() as rss:
         if prefilled is None:
             with threads_using(threads.prefill):
                 state = prefill(model, ids, config, collect_stats=False)
         else:
-            state = copy.deepcopy(prefilled)  # decoding changes the cache; the next repeat starts from the same one
-        r = decode_following_load(threads, decode, model, ids, state, config, max_new_tokens=new_tokens)
+            state = copy.deepcopy(prefilled)
+    return state, max(rss.peak - rss.start, 0)
+
+
+def decode_interleaved(model, cases: list[tuple], new_tokens: int, threads: Threads) -> list[GenerationResult]:
+    """Greedy-decode `new_tokens` for every (ids [1, n], prefilled state, config) of `cases`, one token
+    of each in turn (the first case to step moves by one each turn), on `threads.decode` threads with
+    the CLI's governor stepped once a turn: a slow spell of a shared machine slows every case alike,
+    so their ratios within one call hold where run-to-run drift does not. Returns their results, in order."""
+    with decoding(threads) as governor:
+        runs = [Decoding(model, ids, state, config, max_new_tokens=new_tokens) for ids, state, config in cases]
+        active, turn = list(runs), 0
+        while active:
+            k = turn % len(active)
+            stepped = {id(d) for d in active[k:] + active[:k] if d.step()}
+            active = [d for d in active if id(d) in stepped]
+            governor.step()
+            turn += 1
+    return [d.result() for d in runs]
+
+
+def measurements(r: GenerationResult, rss_delta: int) -> dict:
+    """The dict of one run that `median_row` reads, from its result and its prefill's memory."""
     first = r.sampling_seconds / max(len(r.token_ids), 1)  # choosing one token
     return {
         "prefill_seconds": r.prefill_seconds,
@@ -153,11 +172,20 @@ def measure(
         "kv_bytes_kept": r.kv_bytes_kept,
         "kv_peak_prefill": r.kv_peak_prefill,
         "kv_bytes_full": r.kv_bytes_full,
-        "rss_peak_delta": max(rss.peak - rss.start, 0),
+        "rss_peak_delta": rss_delta,
         "eviction_seconds": r.eviction_seconds,
         "sampling_seconds": r.sampling_seconds,
         "decode_seconds": r.decode_seconds,
     }
+
+
+def measure(
+    model, ids: torch.Tensor, config: CakeConfig | None, new_tokens: int, threads: Threads, prefilled=None
+) -> dict:
+    """One run alone: `prefill_case`, then `new_tokens` greedy tokens on `threads.decode`."""
+    state, rss_delta = prefill_case(model, ids, config, threads, prefilled)
+    (r,) = decode_interleaved(model, [(ids, state, config)], new_tokens, threads)
+    return measurements(r, rss_delta)
 
 
 OPENVINO_METHODS = ("openvino-full", "openvino-evict")  # `speed.openvino`'s rows: its full cache, its eviction at B
@@ -221,8 +249,9 @@ def run_speed(
         methods: names from `bench.suites.SPEED_METHODS`.
         threads: prefill / decode thread counts (`tasks.threads.choose`).
         new_tokens: tokens generated per run (decode speed is over new_tokens - 1 steps).
-        repeats: rounds of timed runs, each running every case once, after one unmeasured warm-up run
-            of this call; the median is reported, every repeat kept in `SpeedRow.samples`.
+        repeats: rounds of timed runs after one unmeasured warm-up run of this call; each round
+            prefills every case, then decodes them all token by token in turn (`decode_interleaved`);
+            the median is reported, every repeat kept in `SpeedRow.samples`.
         on_case: progress callback, called before each run with a short label.
         prefill_once: time one prefill per case and decode `repeats` times from copies of its state
             (long contexts, where a prefill takes minutes): the row's prefill has one sample, so no
@@ -253,11 +282,19 @@ def run_speed(
                 states[(n, method)] = prefill(model, ids[n], configs[(n, method)], collect_stats=False)
     runs: dict[tuple[int, str], list[dict]] = {case: [] for case in cases}
     for r in range(repeats):
+        prefilled = {}
         for n, method in cases:
             if on_case:
                 on_case(f"{group}: {method} @ {n} tokens, run {r + 1}/{repeats}")
-            config = configs[(n, method)]
-            runs[(n, method)].append(measure(model, ids[n], config, new_tokens, threads, states.get((n, method))))
+            prefilled[(n, method)] = prefill_case(model, ids[n], configs[(n, method)], threads, states.get((n, method)))
+        if on_case:
+            on_case(f"{group}: decoding {len(cases)} cases in turn, run {r + 1}/{repeats}")
+        decoded = decode_interleaved(
+            model, [(ids[n], prefilled[(n, m)][0], configs[(n, m)]) for n, m in cases], new_tokens, threads
+        )
+        for case, result in zip(cases, decoded):
+            runs[case].append(measurements(result, prefilled[case][1]))
+        del prefilled, decoded  # the next round's prefills start without this round's caches
     rows = []
     for (n, method), case_runs in runs.items():
         budget = None if configs[(n, method)] is None else base.budget

@@ -18,6 +18,7 @@ gathers and measures.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -30,6 +31,24 @@ from cake_cli.engine.window import accumulated_attention
 GROW = 256  # tokens of spare capacity added at least when a decode append finds the buffer full
 
 
+@functools.lru_cache(maxsize=256)
+def _head_rows(heads: int, head_rows: int, device: torch.device) -> torch.Tensor:
+    """[H_kv] int64: h · head_rows, the first row of head h in a flat view of a layer's tensor."""
+    return torch.arange(heads, device=device) * head_rows
+
+
+def _as_rows(t: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """A layer's keys or values [1, H_kv, slots, d] as a view [1, R, 1, d] of rows of d over the same
+    memory, with the rows from one head's slot 0 to the next's (R = (H_kv - 1) · that + slots); None
+    when its rows are not evenly spaced (d contiguous values, heads a whole number of rows apart)."""
+    heads, slots, dim = t.shape[1], t.shape[2], t.shape[3]
+    stride = t.stride()
+    if stride[3] != 1 or stride[2] != dim or stride[1] % dim:
+        return None
+    head_rows = stride[1] // dim
+    return t.as_strided((1, (heads - 1) * head_rows + slots, 1, dim), (stride[0], dim, dim, 1)), head_rows
+
+
 class NonFiniteError(ValueError):
     """The model produced inf/NaN keys or values; they are never written into the cache."""
 
@@ -37,7 +56,11 @@ class NonFiniteError(ValueError):
 class CakeLayer(DynamicLayer):
     """One layer's cache: keys/values [1, H_kv, len, d], positions [H_kv, len] (int64), and while
     `accumulates`, scores [H_kv, len] float32 (accumulated attention mass, in slot order; a new
-    token starts at 0)."""
+    token starts at 0).
+
+    `positions` is written in place only by `_write_released` (the new token in a released slot, which
+    sets `slot_written`); every other change assigns a new tensor. The fixed decode policy relies on
+    this to trust the slot order it carries from step to step (`decode.FixedDecode.flush`)."""
 
     window: int | None = None  # a local layer's native sliding window (SlidingLayer); None: global
 
@@ -46,6 +69,7 @@ class CakeLayer(DynamicLayer):
         self.positions: torch.Tensor | None = None
         self.seen = 0  # tokens ever appended = the next token's true position
         self.free: torch.Tensor | None = None  # [H_kv] a released slot per head, reused by the next token
+        self.slot_written = -1  # `seen` right after the last token written into a released slot
         self.accumulates = False  # keep `scores` (H2O); set by CakeCache.accumulate
         self.scores: torch.Tensor | None = None  # [H_kv, len] float32 accumulated attention, or None
         self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # decode growth room (`_append_one`)
@@ -65,16 +89,8 @@ class CakeLayer(DynamicLayer):
         """
         q = key_states.shape[-2]
         if self.free is not None:
-            if q == 1:  # slot free[h] of head h takes the new token (indexed writes: ~2.5x cheaper than scatter_)
-                heads = torch.arange(self.free.shape[0], device=self.free.device)
-                batch = torch.zeros_like(heads)
-                self.keys.index_put_((batch, heads, self.free), key_states[0, :, 0])  # [1, H_kv, slots, d]
-                self.values.index_put_((batch, heads, self.free), value_states[0, :, 0])
-                self.positions[heads, self.free] = self.seen
-                if self.scores is not None:
-                    self.scores.scatter_(1, self.free.unsqueeze(1), 0.0)
-                self.free = None
-                self.seen += 1
+            if q == 1:
+                self._write_released(key_states, value_states)
                 return self.keys, self.values
             self.compact()
         if q == 1 and self.window is None and self.is_initialized and self.keys is not None and self.keys.shape[-2]:
@@ -89,6 +105,31 @@ class CakeLayer(DynamicLayer):
             self.scores = zeros if self.scores is None else torch.cat([self.scores, zeros], dim=-1)
         self.seen += q
         return keys, values
+
+    def _write_released(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """One new token [1, H_kv, 1, d] into slot free[h] of each head h (`release`), at position `seen`.
+
+        Keys and values are written as rows of d (`_as_rows`: the layer, usually a view of its decode
+        buffer, seen as [1, R, 1, d]), one `index_copy_` each at row h·stride + free[h], the positions with
+        one `index_fill_`: a decode step writes every evicting layer, so each tensor operation's dispatch
+        counts (about half the cost of indexed writes on the project's CPU)."""
+        free, positions, heads = self.free, self.positions, self.free.shape[0]
+        for cache, new in ((self.keys, key_states), (self.values, value_states)):
+            rows = _as_rows(cache)
+            if rows is None:
+                index = (torch.zeros_like(free), torch.arange(heads, device=free.device), free)
+                cache.index_put_(index, new[0, :, 0])  # [1, H_kv, slots, d]
+            else:
+                view, head_rows = rows
+                view.index_copy_(1, free + _head_rows(heads, head_rows, free.device), new)
+        if not positions.is_contiguous():  # e.g. the first update's positions, one row expanded to every head
+            positions = self.positions = positions.contiguous()
+        positions.view(-1).index_fill_(0, free + _head_rows(heads, positions.shape[1], free.device), self.seen)
+        if self.scores is not None:
+            self.scores.scatter_(1, free.unsqueeze(1), 0.0)
+        self.free = None
+        self.seen += 1
+        self.slot_written = self.seen
 
     def _append_one(self, key_states: torch.Tensor, value_states: torch.Tensor):
         """Append one decoded token into spare capacity instead of concatenating: a concatenation

@@ -32,3 +32,36 @@ def test_appends_equal_concatenation_through_growth_and_eviction():
     k = torch.ones(1, 2, 1, 4)
     keys, _ = layer.update(k, k)
     assert keys[0, 0, 0].eq(1).all() and keys[0, 1, 1].eq(1).all()
+
+
+def _reference_write(keys, values, positions, free, k, v, seen):
+    """The released-slot write done one head at a time (the obviously-correct path)."""
+    keys, values, positions = keys.clone(), values.clone(), positions.clone()
+    for h, slot in enumerate(free.tolist()):
+        keys[0, h, slot], values[0, h, slot], positions[h, slot] = k[0, h, 0], v[0, h, 0], seen
+    return keys, values, positions
+
+
+def test_a_released_slot_takes_the_token_in_every_layout():
+    """The new token lands in slot free[h] of head h, nothing else changes, whether the layer is contiguous
+    (after an evicting prefill), a view of its decode buffer (heads a buffer's length apart) or a layout
+    whose rows are not evenly spaced (the indexed-write fallback)."""
+    g = torch.Generator().manual_seed(1)
+    heads, dim = 3, 4
+    for layout in ("contiguous", "buffer view", "uneven"):
+        layer = CakeLayer()
+        layer.update(torch.randn(1, heads, 9, dim, generator=g), torch.randn(1, heads, 9, dim, generator=g))
+        if layout == "buffer view":
+            layer.update(torch.randn(1, heads, 1, dim, generator=g), torch.randn(1, heads, 1, dim, generator=g))
+            assert not layer.keys.is_contiguous()  # [1, H_kv, 10, d] of a longer buffer
+        if layout == "uneven":  # every other value of a wider tensor: rows are not d apart
+            wide = torch.randn(1, heads, 9, 2 * dim, generator=g)
+            layer.keys, layer.values = wide[..., ::2], wide[..., 1::2]
+        for step in range(3):
+            free = torch.randint(0, layer.keys.shape[2], (heads,), generator=g)
+            k, v = torch.randn(1, heads, 1, dim, generator=g), torch.randn(1, heads, 1, dim, generator=g)
+            want = _reference_write(layer.keys, layer.values, layer.positions, free, k, v, layer.seen)
+            layer.release(free)
+            keys, values = layer.update(k, v)
+            assert torch.equal(keys, want[0]) and torch.equal(values, want[1]), (layout, step)
+            assert torch.equal(layer.positions, want[2]) and layer.slot_written == layer.seen

@@ -26,6 +26,14 @@ from cake_cli.engine.window import window_attention
 BATCHED = frozenset({"cake", "snapkv", "tova"})  # indicators `batched_victims` scores: finite scores from `a` alone
 
 
+class Carry(NamedTuple):
+    """What one batched step leaves the next (`FixedDecode.flush`)."""
+
+    layers: tuple  # (layer index, slots) of the step's layers
+    following: torch.Tensor  # [H_kv, S] the next step's order guess (`Victims.following`)
+    held: list  # (positions tensor, seen) of each layer after the step, before the next token is written
+
+
 class FixedDecode:
     """Keeps layer l at `capacity[l]` tokens during decoding.
 
@@ -61,7 +69,7 @@ class FixedDecode:
         self.batched = batched and config.indicator in BATCHED
         self.pending: list[tuple[int, torch.Tensor]] = []
         self.orders_reused = 0
-        self._order: tuple[tuple, torch.Tensor] | None = None  # (pending layers and sizes, next order guess)
+        self._order: Carry | None = None
 
     def needs_probs(self, layer_idx: int, key_len: int) -> bool:
         """True when a layer holding `key_len` slots is over capacity (it will evict now)."""
@@ -137,15 +145,25 @@ class FixedDecode:
         start = time.perf_counter()
         pending, self.pending = self.pending, []
         key = tuple((i, probs.shape[-1]) for i, probs in pending)
-        hint = self._order[1] if self._order is not None and self._order[0] == key else None
+        layers = [cache.layers[i] for i, _ in pending]
+        carry, hint, trusted = self._order, None, False
+        if carry is not None and carry.layers == key:
+            hint = carry.following
+            # each layer's positions changed only by one token, the newest, written into the slot this policy
+            # released (`CakeLayer.slot_written`); any other change replaces the tensor or writes more tokens
+            trusted = all(
+                layer.positions is positions and layer.seen == seen + 1 == layer.slot_written
+                for layer, (positions, seen) in zip(layers, carry.held)
+            )
         picked = batched_victims(
             self.config,
             [probs for _, probs in pending],
-            [cache.layers[i].positions for i, _ in pending],
+            [layer.positions for layer in layers],
             [self.capacity[i] for i, _ in pending],
             order=hint,
+            trusted=trusted,
         )
-        self._order = (key, picked.following)
+        self._order = Carry(key, picked.following, [(layer.positions, layer.seen) for layer in layers])
         self.orders_reused += picked.reused
         for (i, _), slot in zip(pending, picked.slots.unbind(0)):
             cache.layers[i].release(slot)
@@ -245,6 +263,7 @@ def batched_victims(
     positions: list[torch.Tensor],
     capacity: list[int],
     order: torch.Tensor | None = None,
+    trusted: bool = False,
 ) -> Victims:
     """The slot each KV head of P layers evicts after one decode token, all layers at once: what
     `FixedDecode.after_attention` picks layer by layer (the lowest indicator score among the
@@ -271,12 +290,16 @@ def batched_victims(
         capacity: P ints, the layer's tokens after eviction (k_l - 1).
         order: [H_kv, S] int64, a guess of the flat columns in key order (the previous step's
             `following`), or None.
+        trusted: `order` is known to be this step's key order (`FixedDecode.flush` saw each layer's
+            positions change only by the new token in the released slot), so it is used unchecked and
+            the positions are not read (no indicator of `BATCHED` reads them).
 
     Returns:
         `Victims`: the slots [P, H_kv], the next step's order guess, whether `order` was used.
 
     Raises:
-        ValueError: an indicator outside `BATCHED`, or a layer that is not exactly one over capacity.
+        ValueError: an indicator outside `BATCHED`, a layer that is not exactly one over capacity, or
+            `trusted` without an `order` of the step's shape.
     """
     if config.indicator not in BATCHED:
         raise ValueError(f"batched_victims scores {', '.join(sorted(BATCHED))}, not {config.indicator!r}")
@@ -295,17 +318,22 @@ def batched_victims(
         # `token_scores` takes the group mean before an average pooling: taking it here, bit for bit the
         # same (the mean is element-wise), gathers, masks and pools H_kv rows instead of H
         att, group = group_mean(att, num_kv), 1  # [H_kv, S]
-    pad_pos = flat.pad_positions.expand(num_kv, pad)
-    pos = torch.cat([t for p in positions for t in (pad_pos, p)], dim=1)  # [H_kv, S]
-    key = pos + flat.key_offset  # [H_kv, S]: distinct, >= 0
-    reused = order is not None and order.shape == key.shape
-    if reused:
-        sorted_key = key.gather(1, order)
-        reused = bool((sorted_key[:, 1:] > sorted_key[:, :-1]).all())
-    if not reused:
-        order = key.argsort(dim=-1)  # [H_kv, S]
-        sorted_key = key.gather(1, order)
-    sorted_pos = sorted_key - flat.key_offset  # [H_kv, S]: the order keeps every column in its layer
+    if trusted:
+        if order is None or order.shape != (num_kv, flat.layer.shape[0]):
+            raise ValueError(f"a trusted order must be [H_kv, S] = [{num_kv}, {flat.layer.shape[0]}]")
+        reused, sorted_pos = True, None
+    else:
+        pad_pos = flat.pad_positions.expand(num_kv, pad)
+        pos = torch.cat([t for p in positions for t in (pad_pos, p)], dim=1)  # [H_kv, S]
+        key = pos + flat.key_offset  # [H_kv, S]: distinct, >= 0
+        reused = order is not None and order.shape == key.shape
+        if reused:
+            sorted_key = key.gather(1, order)
+            reused = bool((sorted_key[:, 1:] > sorted_key[:, :-1]).all())
+        if not reused:
+            order = key.argsort(dim=-1)  # [H_kv, S]
+            sorted_key = key.gather(1, order)
+        sorted_pos = sorted_key - flat.key_offset  # [H_kv, S]: the order keeps every column in its layer
     by_head = order[:, None, :].expand(num_kv, group, order.shape[1])
     att = att.view(num_kv, group, -1).gather(2, by_head).view(num_kv * group, -1)  # [H or H_kv, S] in key order
     att.index_fill_(1, flat.outside, float("-inf") if pool_kind == "max" else 0.0)  # (masked_fill_: 15x longer)

@@ -33,7 +33,8 @@ class Attention:
     Attributes:
         a: [H, q, m] float32 attention of the q most recent queries (the window at prefill, the
             new tokens at decode) over the m candidate tokens, in position order.
-        positions: [H_kv, m] true positions of the candidates.
+        positions: [H_kv, m] true positions of the candidates; None where the caller knows the
+            indicator does not read them (`decode.batched_victims` with a trusted order).
         gamma: CAKE's variance weight (Eq. 11).
         pool: (kind, kernel) smoothing of the CAKE indicator (profile setting).
         column_var: optional precomputed Var_i a, [H, m] (saves a pass at prefill).
@@ -44,7 +45,7 @@ class Attention:
     """
 
     a: torch.Tensor
-    positions: torch.Tensor
+    positions: torch.Tensor | None
     gamma: float
     pool: tuple[str, int]
     column_var: torch.Tensor | None = None
@@ -212,7 +213,7 @@ def accumulates(indicator: str | None) -> bool:
 def token_scores(
     kind: str,
     a: torch.Tensor,
-    positions: torch.Tensor,
+    positions: torch.Tensor | None,
     num_kv_heads: int,
     *,
     gamma: float,

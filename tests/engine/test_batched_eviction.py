@@ -165,3 +165,56 @@ def test_generation_with_the_batched_step_equals_the_per_layer_step(tiny_model, 
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert fast.kv_bytes_final == slow.kv_bytes_final
     assert fast.eviction_seconds > 0
+
+
+def test_the_order_is_trusted_only_after_a_write_into_the_released_slot(monkeypatch):
+    """Steps whose only change to a layer was the new token in the released slot pass the carried order
+    as trusted (its positions unread); a step after a layer's positions were replaced (as `keep` does, here
+    with two old tokens swapped) gets the checked path, and every step evicts as the per-layer reference."""
+    import copy
+
+    config, capacity = CakeConfig(budget=16, window=4, pool_kind="max", pool_kernel=5), [12, 30, 9, 21]
+    fast_cache, _ = random_layers(capacity, 5, None)
+    for layer in fast_cache.layers:
+        layer.seen = int(layer.positions.max()) + 1
+    slow_cache = copy.deepcopy(fast_cache)
+    fast, slow = FixedDecode(config, capacity), FixedDecode(config, capacity, batched=False)
+    trusted: list[bool] = []
+    real = decode_module.batched_victims
+
+    def spy(*args, **kwargs):
+        trusted.append(kwargs.get("trusted", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode_module, "batched_victims", spy)
+    g = torch.Generator().manual_seed(7)
+    query = torch.zeros(1, HEADS, 1, DIM)
+    for step in range(5):
+        new = [(torch.randn(1, KV_HEADS, 1, DIM, generator=g), torch.randn(1, KV_HEADS, 1, DIM, generator=g))
+               for _ in capacity]  # fmt: skip
+        probs = [torch.softmax(torch.randn(HEADS, 1, cap + 1, generator=g), dim=-1) for cap in capacity]
+        released = []
+        for cache, policy in ((fast_cache, fast), (slow_cache, slow)):
+            for i, layer in enumerate(cache.layers):
+                if step:
+                    layer.update(*new[i])
+                if step == 2 and i == 1:  # replaced (as `keep` does), two old tokens' slots swapped
+                    oldest = layer.positions.argsort(dim=1)[:, :2]  # [H_kv, 2]
+                    layer.positions = layer.positions.scatter(1, oldest, layer.positions.gather(1, oldest.flip(1)))
+                policy.after_attention(cache, i, query, layer.keys, 1.0, probs=probs[i])
+            policy.flush(cache)
+            released.append([layer.free.tolist() for layer in cache.layers])
+        assert released[0] == released[1], step
+    assert trusted == [False, True, False, True, True]
+    assert fast.orders_reused == 3  # step 2: checked, found stale and sorted again
+
+
+def test_a_trusted_order_must_have_the_steps_shape():
+    config = CakeConfig(budget=16, window=4)
+    cache, probs = random_layers([8, 5], 0, None)
+    positions = [layer.positions for layer in cache.layers]
+    with pytest.raises(ValueError, match="trusted order"):
+        batched_victims(config, probs, positions, [8, 5], trusted=True)
+    first = batched_victims(config, probs, positions, [8, 5])
+    with pytest.raises(ValueError, match="trusted order"):
+        batched_victims(config, probs, positions, [8, 5], order=first.following[:, :-1], trusted=True)

@@ -170,6 +170,25 @@ def attend(probs: torch.Tensor, value: torch.Tensor, dtype: torch.dtype) -> torc
     return out.reshape(1, 1, num_heads, dim).to(dtype)
 
 
+def decode_attention(cake, layer_idx: int, query, key, value, scaling: float, softcap, live) -> torch.Tensor:
+    """One decode query by two batched products per KV head with float32 scores (`fast_decode`);
+    on a layer about to evict, the same probabilities are the eviction score (the CakeCache hook,
+    when `cake` is one, runs with them: no second pass).
+
+    Args:
+        cake: the run's CakeCache, or None.
+        query: [1, H, 1, d] rotated; key, value: [1, H_kv, k, d] every slot the layer holds.
+        live: [H_kv, k] bool, each KV head's live slots (`headlengths.live_slots`), or None.
+
+    Returns:
+        [1, 1, H, d] attention output in the query's dtype (transformers' layout).
+    """
+    probs = window_attention(query[0], key[0], scaling, softcap, live)  # [H, 1, k] float32
+    if cake is not None:
+        cake.after_attention(layer_idx, query, key, scaling, probs=probs, softcap=softcap)
+    return attend(probs, value, query.dtype)
+
+
 def _make(backend: str):
     def cake_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         """query [1, H, q, d], key/value [1, H_kv, k, d] -> output [1, q, H, d] (transformers layout).
@@ -189,12 +208,7 @@ def _make(backend: str):
             fast_decode(backend, query.device, key.shape[2], window)
             or (cake is not None and cake.needs_probs(layer_idx, key.shape[2]))
         ):
-            # one decode query: two batched products per KV head, float32 scores (`fast_decode`); on a
-            # layer about to evict, the same probabilities are the eviction score (no second pass)
-            probs = window_attention(query[0], key[0], scaling, softcap, live)  # [H, 1, k] float32
-            if cake is not None:
-                cake.after_attention(layer_idx, query, key, scaling, probs=probs, softcap=softcap)
-            return attend(probs, value, query.dtype), None
+            return decode_attention(cake, layer_idx, query, key, value, scaling, softcap, live), None
         out, _ = _backend_call(backend, module, query, key, value, scaling, dropout, window, softcap, kwargs, live)
         if cake is not None:
             cake.after_attention(layer_idx, query, key, scaling, softcap=softcap)

@@ -15,6 +15,7 @@ from cake_cli.engine.config import CakeConfig, SamplingConfig
 from cake_cli.engine.decode import FixedDecode, GrowDecode, prepare_cache
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.indicators import accumulates
+from cake_cli.engine.lean_step import lean_decoder
 from cake_cli.engine.measures import saved_fraction, tokens_per_second
 from cake_cli.engine.policy import CascadeView
 from cake_cli.engine.sampling import Sampler, repeated_tail
@@ -70,10 +71,15 @@ def sync_device(device: torch.device) -> None:
 
 
 def forward_step(model, cache: CakeCache, ids: torch.Tensor, start: int, step_logits: list | None) -> torch.Tensor:
-    """One forward of ids [1, q] at true positions start..start+q-1 -> next-token logits [1, V]."""
-    positions = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)  # [1, q]
-    out = model(input_ids=ids, position_ids=positions, cache=cache, cake=cache, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1, :]  # [1, V]
+    """One forward of ids [1, q] at true positions start..start+q-1 -> next-token logits [1, V]; one
+    token goes through `lean_step.LeanDecoder` where it applies (the same logits, less overhead)."""
+    lean = lean_decoder(model) if ids.shape[1] == 1 else None
+    if lean is not None:
+        logits = lean(cache, ids, start)
+    else:
+        positions = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)  # [1, q]
+        out = model(input_ids=ids, position_ids=positions, cache=cache, cake=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :]  # [1, V]
     if step_logits is not None:
         step_logits.append(logits.detach().float().cpu())
     return logits

@@ -34,6 +34,19 @@ def test_llama_lines_pass_and_fail_by_the_issue_targets():
     assert full_decode.startswith("FAIL") and "decode 0.65x" in full_decode and "target >= 0.80x" in full_decode
 
 
+def test_rows_of_one_set_of_rounds_are_compared_round_by_round():
+    """llama.cpp timed in our rounds: a slow round slows both rows, so every round's ratio is 1.3x, where
+    pairing every repeat with every other would span 0.87x-1.95x."""
+    speeds = [1.0, 1.5, 1.0]
+    mine = row(f"{QWEN} · engine", 7900, "cake", [50.0] * 3, [30.0 * x for x in speeds], rounds="r1")
+    full = row(f"{QWEN} · engine", 7900, "full", [49.0] * 3, [15.0 * x for x in speeds], rounds="r1")
+    theirs = row(f"{QWEN} · llama.cpp", 7900, "llama.cpp", [100.0] * 3, [23.0 * x for x in speeds], rounds="r1")
+    cake_decode = llama_lines(ratios([mine, full, theirs]))[0]
+    assert cake_decode.startswith("PASS") and "decode 1.30x (min 1.30x, max 1.30x over 3 runs" in cake_decode
+    apart = row(f"{QWEN} · llama.cpp", 7900, "llama.cpp", [100.0] * 3, [23.0 * x for x in speeds])
+    assert llama_lines(ratios([mine, full, apart]))[0].startswith("within noise")
+
+
 def test_at_32k_cake_needs_one_and_a_half_times_llama_and_full_is_not_judged():
     lines = llama_lines(_rows(cake_tps=30.0, full_tps=15.0, llama_tps=23.0, length=32000))
     assert len(lines) == 2 and lines[0].startswith("FAIL") and "target >= 1.50x" in lines[0]
@@ -48,7 +61,7 @@ def test_missing_llama_cpp_is_one_line_with_the_install_command(monkeypatch, tmp
     monkeypatch.setattr(llama.importlib.util, "find_spec", lambda name: None)
     assert llama.missing() == "llama-cpp-python is not installed"
     with pytest.raises(CakeError) as exc:
-        llama.llama_row(tmp_path / "m.gguf", [1, 2, 3], "g", new_tokens=4, threads=(1, 1))
+        llama.LlamaEngine(tmp_path / "m.gguf", [1, 2, 3], "g", lengths=[3], new_tokens=4, threads=(1, 1))
     assert "\n" not in str(exc.value) and ".[llama]" in exc.value.hint
 
 

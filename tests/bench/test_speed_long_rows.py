@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from cake_cli.bench.speed.rows import config_for, decode_interleaved, run_speed
+from cake_cli.bench.speed.rows import TIMED, config_for, decode_interleaved, run_speed
 from cake_cli.bench.speed.rss import MemoryRow, memory_lines
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
@@ -127,3 +127,36 @@ def test_lengths_all_past_the_prompt_limit_are_one_usage_line(cli_env):
         "error: tiny-test takes prompts of at most 1500 tokens; --lengths asks only for longer ones — ask for "
         "--lengths 1500 or less"
     ]
+
+
+class _Other:
+    """A `rows.RoundEngine` that records when it runs and returns fixed measurements."""
+
+    method, group = "other", "t · other"
+
+    def __init__(self, seen: list[str]):
+        self.seen = seen
+
+    def measure(self, length: int) -> dict:
+        self.seen.append(f"other {length}")
+        counts = dict.fromkeys(
+            ("decode_steps", "kv_bytes_kept", "kv_peak_prefill", "kv_bytes_full", "rss_peak_delta"), 0
+        )
+        return dict.fromkeys(TIMED, 1.0) | counts
+
+
+def test_another_engine_runs_at_the_end_of_every_round_and_shares_its_rounds(tiny_model):
+    use_cake_attention(tiny_model, "sdpa")
+    ids = torch.randint(0, 97, (200,), generator=torch.Generator().manual_seed(4)).tolist()
+    seen: list[str] = []
+    rows = run_speed(
+        tiny_model, ids, CakeConfig(budget=24, window=6), group="t", lengths=[60, 120], methods=["cake"],
+        threads=Threads(1, 1, "test"), new_tokens=4, repeats=2, on_case=seen.append, others=[_Other(seen)],
+    )  # fmt: skip
+    decoding = [i for i, s in enumerate(seen) if "decoding" in s]
+    others = [i for i, s in enumerate(seen) if s.startswith("other")]
+    assert len(decoding) == 2 and len(others) == 4  # two lengths, two rounds
+    assert decoding[0] < others[0] < others[1] < decoding[1] < others[2]  # after each round's decoding
+    assert [(r.method, r.length) for r in rows[-2:]] == [("other", 60), ("other", 120)]
+    assert rows[-1].group == "t · other" and rows[-1].budget is None
+    assert len({r.rounds for r in rows}) == 1 and rows[0].rounds and rows[-1].repeats == 2

@@ -1,12 +1,13 @@
 """`cake bench speed --llama`: llama.cpp's decode and prefill on the same GGUF, document, threads and
-token count, through llama-cpp-python (the `llama` extra), as a SpeedRow beside ours.
+token count, through llama-cpp-python (the `llama` extra), as SpeedRows beside ours.
 
 What a CPU user would run instead of cake-cli is llama.cpp on the model's own GGUF file, with its
-full cache (it has no eviction). The row runs it like our engine rows (`rows.run_speed`): one
-unmeasured warm-up on WARMUP_TOKENS tokens generating WARMUP_NEW_TOKENS, then `repeats` timed runs
-of prefill (``Llama.eval`` over the prompt) and greedy decoding (one ``eval`` per token, argmax of
-the last logits), each under `memory.PeakRss`. Where llama-cpp-python is not installed, or the
-model has no GGUF, the row is absent and the benchmark says why in one line (`paths.safe`).
+full cache (it has no eviction). `LlamaEngine` runs it like our engine rows, inside their rounds
+(`rows.run_speed`, a `rows.RoundEngine`): one unmeasured warm-up on WARMUP_TOKENS tokens generating
+WARMUP_NEW_TOKENS, then, at the end of each round, one timed run of prefill (``Llama.eval`` over
+the prompt) and greedy decoding (one ``eval`` per token, argmax of the last logits) under
+`memory.PeakRss`, so its row and ours are compared round by round. Where llama-cpp-python is not
+installed, or the model has no GGUF, there is no row and the benchmark says why in one line.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 from cake_cli.bench.memory import PeakRss
-from cake_cli.bench.speed.rows import WARMUP_NEW_TOKENS, WARMUP_TOKENS, median_row, one_prefill
+from cake_cli.bench.speed.rows import WARMUP_NEW_TOKENS, WARMUP_TOKENS
 from cake_cli.errors import CakeError
 from cake_cli.models.embedded import EMBEDDED_MODELS, assemble, locate
 
@@ -131,34 +132,37 @@ def open_llama(gguf: Path, tokens: int, threads: tuple):
         raise CakeError(f"llama.cpp cannot load {gguf.name}: {exc}") from None
 
 
-def llama_row(
-    gguf: Path,
-    token_ids: list[int],
-    group: str,
-    *,
-    new_tokens: int,
-    threads: tuple,
-    repeats: int = 3,
-    prefill_once: bool = False,
-):
-    """The llama.cpp SpeedRow of `token_ids` (our tokenizer's ids: the same GGUF's vocabulary).
+class LlamaEngine:
+    """llama.cpp as a `rows.RoundEngine`: one instance of the GGUF for every length, warmed up at once.
 
     Args:
         gguf: the model's GGUF file (the embedded one, assembled, or the --model file).
-        group: the row's group, "<model> · <dtype> · llama.cpp".
+        token_ids: the prompt (our tokenizer's ids: the same GGUF's vocabulary); a length n runs on
+            its first n tokens.
+        group: the rows' group, "<model> · <dtype> · llama.cpp".
+        lengths: the lengths it will be asked for (the context is sized for the longest).
+        new_tokens: tokens generated per run.
         threads: (prefill, decode) CPU threads, as our rows use.
-        prefill_once: one timed prefill, its state saved (``Llama.save_state``) and restored before
-            each of the `repeats` decodes (`rows.run_speed`'s option of the same name).
+        prefill_once: one timed prefill per length now, its state saved (``Llama.save_state``) and
+            restored before each run (`rows.run_speed`'s option of the same name).
 
     Raises:
         CakeError: llama-cpp-python missing (with the install command) or the GGUF cannot be loaded.
     """
-    llm = open_llama(gguf, len(token_ids) + new_tokens, threads)
-    _greedy(llm, token_ids[:WARMUP_TOKENS], WARMUP_NEW_TOKENS)  # warm-up, not measured
-    prefilled = None
-    if prefill_once:
-        prefill, ttft, token = timed_prefill(llm, token_ids)
-        prefilled = (llm.save_state(), prefill, ttft, token)
-    runs = [_greedy(llm, token_ids, new_tokens, prefilled) for _ in range(repeats)]
-    row = median_row(group, len(token_ids), METHOD, None, runs, f"{threads[0]}/{threads[1]}")
-    return one_prefill(row) if prefill_once else row
+
+    method = METHOD
+
+    def __init__(self, gguf: Path, token_ids: list[int], group: str, *, lengths: list[int], new_tokens: int,
+                 threads: tuple, prefill_once: bool = False):  # fmt: skip
+        self.group, self.token_ids, self.new_tokens = group, token_ids, new_tokens
+        self.llm = open_llama(gguf, max(lengths) + new_tokens, threads)
+        _greedy(self.llm, token_ids[:WARMUP_TOKENS], WARMUP_NEW_TOKENS)  # warm-up, not measured
+        self.prefilled: dict[int, tuple] = {}
+        if prefill_once:
+            for n in lengths:
+                prefill, ttft, token = timed_prefill(self.llm, token_ids[:n])
+                self.prefilled[n] = (self.llm.save_state(), prefill, ttft, token)
+
+    def measure(self, length: int) -> dict:
+        """One timed run on the first `length` tokens (from the saved prefill with `prefill_once`)."""
+        return _greedy(self.llm, self.token_ids[:length], self.new_tokens, self.prefilled.get(length))

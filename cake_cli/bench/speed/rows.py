@@ -7,9 +7,10 @@ unmeasured warm-up run, `repeats` times, in rounds: each round prefills every ca
 them all one token of each in turn (`decode_interleaved`), so a slower spell of a shared machine
 slows the cases of that round alike, down to a single decode step. A row holds the median of the repeats
 and every repeat's timings (`SpeedRow.samples`), so a comparison can show its spread (`Spread`);
-two rows of the same rounds are compared round by round (`ratio_spread`). The decode "limit"
-row is the full cache with a prompt only as long as the budget: what decoding at that cache size
-cannot beat.
+two rows of the same rounds are compared round by round (`ratio_spread`). Another engine (llama.cpp,
+a `RoundEngine`) can run one timed repeat of its own at the end of each round, so its row pairs with
+ours round by round too. The decode "limit" row is the full cache with a prompt only as long as the
+budget: what decoding at that cache size cannot beat.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from __future__ import annotations
 import copy
 import statistics
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import torch
 
@@ -224,6 +226,19 @@ def one_prefill(row: SpeedRow) -> SpeedRow:
     return replace(row, samples=samples)
 
 
+class RoundEngine(Protocol):
+    """Another engine `run_speed` times in its rounds (llama.cpp: `speed.llama.LlamaEngine`): after our
+    cases' decoding, one timed repeat of its own at every length, so a slow spell of the machine that
+    spans a round slows both engines' samples of that round."""
+
+    method: str  # its rows' method name
+    group: str  # its rows' group
+
+    def measure(self, length: int) -> dict:
+        """One timed repeat on the first `length` prompt tokens: a dict of `measure`'s keys."""
+        ...
+
+
 def run_speed(
     model,
     token_ids: list[int],
@@ -237,8 +252,10 @@ def run_speed(
     repeats: int = 3,
     on_case: Callable[[str], None] | None = None,
     prefill_once: bool = False,
+    others: Sequence[RoundEngine] = (),
 ) -> list[SpeedRow]:
-    """Measure every (length, method) plus the decode limit at the budget.
+    """Measure every (length, method) plus the decode limit at the budget, and each of `others` at
+    every length in the same rounds.
 
     Args:
         model: a causal LM switched to a CAKE attention function.
@@ -257,9 +274,12 @@ def run_speed(
             (long contexts, where a prefill takes minutes): the row's prefill has one sample, so no
             prefill verdict can be drawn from it (`Spread.repeats`). Every case's prefilled state is
             held until the last round (the full cache of the longest length included).
+        others: engines timed at the end of every round (`RoundEngine`), already prepared with the
+            same lengths and `prefill_once`; their rows share this call's rounds.
 
     Returns:
-        One SpeedRow per (length, method), then one "limit" row (full cache, prompt = budget).
+        One SpeedRow per (length, method), then one "limit" row (full cache, prompt = budget), then
+        one row per other engine and length.
 
     Raises:
         ValueError: a length longer than the prompt.
@@ -281,6 +301,7 @@ def run_speed(
             with threads_using(threads.prefill):
                 states[(n, method)] = prefill(model, ids[n], configs[(n, method)], collect_stats=False)
     runs: dict[tuple[int, str], list[dict]] = {case: [] for case in cases}
+    other_runs: dict[tuple[RoundEngine, int], list[dict]] = {(other, n): [] for other in others for n in lengths}
     for r in range(repeats):
         prefilled = {}
         for n, method in cases:
@@ -295,9 +316,14 @@ def run_speed(
         for case, result in zip(cases, decoded):
             runs[case].append(measurements(result, prefilled[case][1]))
         del prefilled, decoded  # the next round's prefills start without this round's caches
+        for other, n in other_runs:
+            if on_case:
+                on_case(f"{other.group}: {other.method} @ {n} tokens, run {r + 1}/{repeats}")
+            other_runs[(other, n)].append(other.measure(n))
     rows = []
     for (n, method), case_runs in runs.items():
         budget = None if configs[(n, method)] is None else base.budget
-        row = median_row(group, n, method, budget, case_runs, label, rounds)
-        rows.append(one_prefill(row) if prefill_once else row)
-    return rows
+        rows.append(median_row(group, n, method, budget, case_runs, label, rounds))
+    for (other, n), case_runs in other_runs.items():  # full cache, in the engine's own KV layout
+        rows.append(median_row(other.group, n, other.method, None, case_runs, label, rounds))
+    return [one_prefill(row) for row in rows] if prefill_once else rows

@@ -15,7 +15,7 @@ KV bytes are deterministic, so their lines are PASS / FAIL on one run.
 
 from __future__ import annotations
 
-from cake_cli.bench.speed.rows import OPENVINO_METHODS, Spread, cross_ratio
+from cake_cli.bench.speed.rows import OPENVINO_METHODS, Spread, cross_ratio, ratio_spread
 
 LONG = 7600  # "8K" targets apply to rows at least this long (SmolLM2 stops at 7,600 prompt tokens)
 MIN_REPEATS = 3  # timed runs a timing target needs before it decides
@@ -206,11 +206,11 @@ def llama_lines(rows: list[dict]) -> list[str]:
             if mine is None:
                 continue
             where = f"{model} {dtype} {method} at {mine['length']} tokens vs llama.cpp (full cache)"
-            decode = cross_ratio(mine, k, "decode_tokens_per_second")
+            decode = ratio_spread(mine, k, "decode_tokens_per_second")  # round by round when run in our rounds
             if method == "cake":
                 goal = 1.5 if k["length"] >= LONGEST else 1.0
                 out.append(timed_line(f"{where}, B={mine['budget']}: decode", decode, goal, at_least=True))
-                prefill = cross_ratio(mine, k, "prefill_seconds")
+                prefill = ratio_spread(mine, k, "prefill_seconds")
                 out.append(timed_line(f"{where}: prefill time", prefill, 0.8, at_least=False))
             elif k["length"] < LONGEST:
                 out.append(timed_line(f"{where}: decode", decode, 0.8, at_least=True))

@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from cake_cli.bench.corpus import python_docs_text
-from cake_cli.bench.speed.llama import llama_row, model_gguf
+from cake_cli.bench.speed.llama import LlamaEngine, model_gguf
 from cake_cli.bench.speed.openvino import openvino_rows
 from cake_cli.bench.speed.paths import QUESTION, busy_core, cli_row, document_file, kvpress_row, safe, safe_rows
 from cake_cli.bench.speed.report import ratios, speed_tables
@@ -80,23 +80,27 @@ def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, o
     if first and setup.kvpress and n not in lengths:  # kvpress is compared with our rows at its own length
         lengths.append(n)
     threads = choose(None)
-    rows = run_speed(
-        loaded.model,
-        ids,
-        base,
-        group=f"{group} · engine",
-        lengths=lengths,
-        methods=setup.methods,
-        threads=threads,
-        new_tokens=setup.new_tokens,
-        repeats=setup.repeats,
-        on_case=on_case,
-        prefill_once=setup.prefill_once,
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        others = (
+            _llama_engine(model, loaded, ids, lengths, group, threads, setup, on_case, warn, Path(tmp)) if first else []
+        )
+        rows = run_speed(
+            loaded.model,
+            ids,
+            base,
+            group=f"{group} · engine",
+            lengths=lengths,
+            methods=setup.methods,
+            threads=threads,
+            new_tokens=setup.new_tokens,
+            repeats=setup.repeats,
+            on_case=on_case,
+            prefill_once=setup.prefill_once,
+            others=others,
+        )
+        del others  # llama.cpp's model and saved states
     if not first:
         return rows
-    if setup.llama:
-        rows += _llama_rows(model, loaded, ids, lengths, group, threads, setup, on_case, warn)
     if setup.openvino:
         rows += _openvino_rows(loaded, ids, lengths, group, base, threads, setup, on_case, warn)
     if setup.rss:
@@ -135,26 +139,27 @@ def _memory_rows(model, loaded, ids, lengths, name, base, threads, setup, on_cas
     return out
 
 
-def _llama_rows(model, loaded, ids, lengths, group, threads, setup, on_case, warn) -> list:
-    """llama.cpp's row at every length, on the model's GGUF (`speed.llama`); one warning line where it
-    cannot run."""
-    with tempfile.TemporaryDirectory() as tmp:
-        gguf = _gguf_once(model, loaded, Path(tmp))
+def _llama_engine(model, loaded, ids, lengths, group, threads, setup, on_case, warn, folder: str) -> list:
+    """[llama.cpp on the model's GGUF, ready to run in the engine rows' rounds (`speed.llama.LlamaEngine`)],
+    or [] when --llama is off or it cannot run (one warning line)."""
+    if not setup.llama:
+        return []
 
-        def make(n: int) -> list:
-            on_case(f"{group}: llama.cpp @ {n} tokens")
-            row = llama_row(
-                gguf(),
-                list(ids[:n]),
-                f"{group} · llama.cpp",
-                new_tokens=setup.new_tokens,
-                threads=(threads.prefill, threads.decode),
-                repeats=setup.repeats,
-                prefill_once=setup.prefill_once,
-            )
-            return [row]
+    def make():
+        on_case(
+            f"{group}: llama.cpp, loading and warming up" + (", one prefill per length" if setup.prefill_once else "")
+        )
+        return LlamaEngine(
+            model_gguf(model, loaded.profile.embedded if loaded.profile else None, folder),
+            list(ids),
+            f"{group} · llama.cpp",
+            lengths=lengths,
+            new_tokens=setup.new_tokens,
+            threads=(threads.prefill, threads.decode),
+            prefill_once=setup.prefill_once,
+        )
 
-        return _each_length("llama.cpp", lengths, make, warn)
+    return safe("llama.cpp", make, warn)
 
 
 def _openvino_rows(loaded, ids, lengths, group, base: CakeConfig, threads, setup, on_case, warn) -> list:

@@ -31,7 +31,7 @@ from cake_cli.engine.window import accumulated_attention
 GROW = 256  # tokens of spare capacity added at least when a decode append finds the buffer full
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def _head_rows(heads: int, head_rows: int, device: torch.device) -> torch.Tensor:
     """[H_kv] int64: h · head_rows, the first row of head h in a flat view of a layer's tensor."""
     return torch.arange(heads, device=device) * head_rows
@@ -40,12 +40,15 @@ def _head_rows(heads: int, head_rows: int, device: torch.device) -> torch.Tensor
 def _as_rows(t: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     """A layer's keys or values [1, H_kv, slots, d] as a view [1, R, 1, d] of rows of d over the same
     memory, with the rows from one head's slot 0 to the next's (R = (H_kv - 1) · that + slots); None
-    when its rows are not evenly spaced (d contiguous values, heads a whole number of rows apart)."""
+    when its rows are not evenly spaced (d contiguous values, heads a whole number of rows apart) or
+    when heads overlap (fewer rows apart than they hold slots), where one row would serve two heads."""
     heads, slots, dim = t.shape[1], t.shape[2], t.shape[3]
     stride = t.stride()
     if stride[3] != 1 or stride[2] != dim or stride[1] % dim:
         return None
     head_rows = stride[1] // dim
+    if heads > 1 and head_rows < slots:  # heads overlapping (e.g. expanded over heads): one row, several heads
+        return None
     return t.as_strided((1, (heads - 1) * head_rows + slots, 1, dim), (stride[0], dim, dim, 1)), head_rows
 
 

@@ -232,7 +232,7 @@ class FlatLayout(NamedTuple):
     wmax: int  # the widest layer, pad + max k_l
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=32)  # a benchmark decodes several cases in turn: each keeps its layout cached
 def flat_layout(sizes: tuple[int, ...], windows: tuple[int, ...], pad: int, device: torch.device) -> FlatLayout:
     """The `FlatLayout` of layers holding `sizes` slots with `windows` protected recent tokens each
     (the same for every step of a fixed-policy decode, hence cached)."""

@@ -71,7 +71,8 @@ def hooked(model) -> bool:
     of the modules it bypasses, so it steps aside while one is registered)."""
     if module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    # accelerate's hooks (device maps, offloading) wrap a module's forward instead of registering one
+    return any(m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook") for m in model.modules())
 
 
 class LeanDecoder:
@@ -134,7 +135,9 @@ def lean_decoder(model) -> LeanDecoder | None:
         return None
     key = (getattr(model.config, "_attn_implementation", None), model.get_input_embeddings().weight.device)
     remembered = getattr(model, "_cake_lean", None)
-    if remembered is None or remembered[0] != key:
+    layers = getattr(getattr(model, "model", None), "layers", ())
+    stale = remembered is not None and remembered[1] is not None and remembered[1].layers != list(layers)
+    if remembered is None or remembered[0] != key or stale:  # another attention, device or set of layers
         remembered = (key, None if unsupported(model) else LeanDecoder(model))
         model._cake_lean = remembered
     return remembered[1]

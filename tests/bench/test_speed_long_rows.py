@@ -13,6 +13,7 @@ from cake_cli.bench.speed.rss import MemoryRow, memory_lines
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import Decoding, decode, prefill
+from cake_cli.errors import CakeError
 from cake_cli.tasks.threads import Threads
 from tests.helpers.cli import invoke
 
@@ -160,3 +161,24 @@ def test_another_engine_runs_at_the_end_of_every_round_and_shares_its_rounds(tin
     assert [(r.method, r.length) for r in rows[-2:]] == [("other", 60), ("other", 120)]
     assert rows[-1].group == "t · other" and rows[-1].budget is None
     assert len({r.rounds for r in rows}) == 1 and rows[0].rounds and rows[-1].repeats == 2
+
+
+class _Failing(_Other):
+    """Fails on its second run."""
+
+    def measure(self, length: int) -> dict:
+        if self.seen:
+            raise CakeError("llama.cpp failed: out of memory")
+        return super().measure(length)
+
+
+def test_another_engine_that_fails_is_left_out_with_one_line_and_ours_are_kept(tiny_model):
+    use_cake_attention(tiny_model, "sdpa")
+    ids = torch.randint(0, 97, (200,), generator=torch.Generator().manual_seed(4)).tolist()
+    warnings: list[str] = []
+    rows = run_speed(
+        tiny_model, ids, CakeConfig(budget=24, window=6), group="t", lengths=[60], methods=["cake"],
+        threads=Threads(1, 1, "test"), new_tokens=4, repeats=3, others=[_Failing([])], warn=warnings.append,
+    )  # fmt: skip
+    assert [r.method for r in rows] == ["cake", "limit"] and rows[0].repeats == 3
+    assert warnings == ["other: llama.cpp failed: out of memory; its rows are left out"]

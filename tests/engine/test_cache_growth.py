@@ -65,3 +65,13 @@ def test_a_released_slot_takes_the_token_in_every_layout():
             keys, values = layer.update(k, v)
             assert torch.equal(keys, want[0]) and torch.equal(values, want[1]), (layout, step)
             assert torch.equal(layer.positions, want[2]) and layer.slot_written == layer.seen
+
+
+def test_heads_that_share_memory_take_the_indexed_write():
+    """Keys expanded over heads (one row serving every head) are not written as rows: the indexed write
+    refuses such memory instead of writing one head's token over another's."""
+    from cake_cli.engine.cache import _as_rows
+
+    one = torch.randn(1, 1, 5, 4)
+    assert _as_rows(one.expand(1, 3, 5, 4)) is None
+    assert _as_rows(torch.randn(1, 3, 5, 4))[1] == 5

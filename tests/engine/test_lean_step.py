@@ -79,6 +79,13 @@ def test_a_model_with_hooks_or_without_cake_attention_keeps_its_forward():
         assert lean_step.lean_decoder(model) is None
     finally:
         handle.remove()
+    model.model.layers[1]._hf_hook = object()  # accelerate wraps forward instead of registering a hook
+    assert lean_step.lean_decoder(model) is None
+    del model.model.layers[1]._hf_hook
+    before = lean_step.lean_decoder(model)
+    model.model.layers[2] = tiny_family("llama", seed=9).model.layers[2]  # a layer replaced: decided again
+    after = lean_step.lean_decoder(model)
+    assert after is not before and after.layers[2] is model.model.layers[2]
     sliding = tiny_family("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=2)
     use_cake_attention(sliding, "sdpa")
     assert lean_step.unsupported(sliding) == "local sliding-window layers"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from cake_cli.bench.memory import PeakRss
@@ -156,13 +157,28 @@ class LlamaEngine:
                  threads: tuple, prefill_once: bool = False):  # fmt: skip
         self.group, self.token_ids, self.new_tokens = group, token_ids, new_tokens
         self.llm = open_llama(gguf, max(lengths) + new_tokens, threads)
-        _greedy(self.llm, token_ids[:WARMUP_TOKENS], WARMUP_NEW_TOKENS)  # warm-up, not measured
         self.prefilled: dict[int, tuple] = {}
-        if prefill_once:
-            for n in lengths:
-                prefill, ttft, token = timed_prefill(self.llm, token_ids[:n])
-                self.prefilled[n] = (self.llm.save_state(), prefill, ttft, token)
+        with _as_cake_error():
+            _greedy(self.llm, token_ids[:WARMUP_TOKENS], WARMUP_NEW_TOKENS)  # warm-up, not measured
+            if prefill_once:
+                for n in lengths:
+                    prefill, ttft, token = timed_prefill(self.llm, token_ids[:n])
+                    self.prefilled[n] = (self.llm.save_state(), prefill, ttft, token)
 
     def measure(self, length: int) -> dict:
-        """One timed run on the first `length` tokens (from the saved prefill with `prefill_once`)."""
-        return _greedy(self.llm, self.token_ids[:length], self.new_tokens, self.prefilled.get(length))
+        """One timed run on the first `length` tokens (from the saved prefill with `prefill_once`).
+
+        Raises:
+            CakeError: llama.cpp failed (e.g. out of memory for its context).
+        """
+        with _as_cake_error():
+            return _greedy(self.llm, self.token_ids[:length], self.new_tokens, self.prefilled.get(length))
+
+
+@contextmanager
+def _as_cake_error():
+    """llama-cpp-python's errors (RuntimeError, ValueError) as one-line CakeErrors."""
+    try:
+        yield
+    except (RuntimeError, ValueError) as exc:
+        raise CakeError(f"llama.cpp failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None

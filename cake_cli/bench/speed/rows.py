@@ -28,6 +28,7 @@ from cake_cli.bench.memory import PeakRss
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import Decoding, GenerationResult, prefill
 from cake_cli.engine.methods import with_method
+from cake_cli.errors import CakeError
 from cake_cli.tasks.threads import Threads, decoding
 from cake_cli.tasks.threads import using as threads_using
 
@@ -235,8 +236,28 @@ class RoundEngine(Protocol):
     group: str  # its rows' group
 
     def measure(self, length: int) -> dict:
-        """One timed repeat on the first `length` prompt tokens: a dict of `measure`'s keys."""
+        """One timed repeat on the first `length` prompt tokens: a dict of `measure`'s keys.
+
+        Raises:
+            CakeError: the engine failed (its rows are left out).
+        """
         ...
+
+
+def _time_others(other_runs: dict, failed: set, label: str, on_case, warn) -> None:
+    """One timed repeat of each other engine at each length (`RoundEngine`), appended to `other_runs`
+    [(engine, length)]; an engine that raises a CakeError joins `failed` (one line to `warn`)."""
+    for other, n in other_runs:
+        if other in failed:
+            continue
+        if on_case:
+            on_case(f"{other.group}: {other.method} @ {n} tokens, {label}")
+        try:
+            other_runs[(other, n)].append(other.measure(n))
+        except CakeError as exc:  # that engine's rows are dropped, ours kept
+            failed.add(other)
+            if warn:
+                warn(f"{other.method}: {str(exc).splitlines()[0]}; its rows are left out")
 
 
 def run_speed(
@@ -253,6 +274,7 @@ def run_speed(
     on_case: Callable[[str], None] | None = None,
     prefill_once: bool = False,
     others: Sequence[RoundEngine] = (),
+    warn: Callable[[str], None] | None = None,
 ) -> list[SpeedRow]:
     """Measure every (length, method) plus the decode limit at the budget, and each of `others` at
     every length in the same rounds.
@@ -275,7 +297,8 @@ def run_speed(
             prefill verdict can be drawn from it (`Spread.repeats`). Every case's prefilled state is
             held until the last round (the full cache of the longest length included).
         others: engines timed at the end of every round (`RoundEngine`), already prepared with the
-            same lengths and `prefill_once`; their rows share this call's rounds.
+            same lengths and `prefill_once`; their rows share this call's rounds. One that raises a
+            CakeError is dropped (no rows), with one line to `warn`.
 
     Returns:
         One SpeedRow per (length, method), then one "limit" row (full cache, prompt = budget), then
@@ -302,6 +325,7 @@ def run_speed(
                 states[(n, method)] = prefill(model, ids[n], configs[(n, method)], collect_stats=False)
     runs: dict[tuple[int, str], list[dict]] = {case: [] for case in cases}
     other_runs: dict[tuple[RoundEngine, int], list[dict]] = {(other, n): [] for other in others for n in lengths}
+    failed: set = set()  # other engines that raised: no rows
     for r in range(repeats):
         prefilled = {}
         for n, method in cases:
@@ -316,14 +340,12 @@ def run_speed(
         for case, result in zip(cases, decoded):
             runs[case].append(measurements(result, prefilled[case][1]))
         del prefilled, decoded  # the next round's prefills start without this round's caches
-        for other, n in other_runs:
-            if on_case:
-                on_case(f"{other.group}: {other.method} @ {n} tokens, run {r + 1}/{repeats}")
-            other_runs[(other, n)].append(other.measure(n))
+        _time_others(other_runs, failed, f"run {r + 1}/{repeats}", on_case, warn)
     rows = []
     for (n, method), case_runs in runs.items():
         budget = None if configs[(n, method)] is None else base.budget
         rows.append(median_row(group, n, method, budget, case_runs, label, rounds))
     for (other, n), case_runs in other_runs.items():  # full cache, in the engine's own KV layout
-        rows.append(median_row(other.group, n, other.method, None, case_runs, label, rounds))
+        if other not in failed:
+            rows.append(median_row(other.group, n, other.method, None, case_runs, label, rounds))
     return [one_prefill(row) for row in rows] if prefill_once else rows

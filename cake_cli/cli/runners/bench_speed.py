@@ -97,6 +97,7 @@ def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, o
             on_case=on_case,
             prefill_once=setup.prefill_once,
             others=others,
+            warn=warn,
         )
         del others  # llama.cpp's model and saved states
     if not first:
@@ -139,7 +140,7 @@ def _memory_rows(model, loaded, ids, lengths, name, base, threads, setup, on_cas
     return out
 
 
-def _llama_engine(model, loaded, ids, lengths, group, threads, setup, on_case, warn, folder: str) -> list:
+def _llama_engine(model, loaded, ids, lengths, group, threads, setup, on_case, warn, folder: str | Path) -> list:
     """[llama.cpp on the model's GGUF, ready to run in the engine rows' rounds (`speed.llama.LlamaEngine`)],
     or [] when --llama is off or it cannot run (one warning line)."""
     if not setup.llama:

@@ -27,7 +27,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from cake_cli.models.fingerprint import SAMPLES, fingerprint
-from cake_cli.models.quantize import apply_tensors, quantizable
+from cake_cli.models.quantize import apply_tensors, layer_formats
 from cake_cli.models.weight_cache import cache_file, read_cached
 
 CHUNK_BYTES = 32 * 2**20  # rows read per mapping of the checkpoint: bounds the file pages resident at once
@@ -131,7 +131,7 @@ def load_cached(d: Path, tokenizer, dtype: torch.dtype, scheme: str, model: PreT
 
     key = fingerprint(model, tokenizer, ends=ends)
     path = cache_file(d, scheme, key)
-    linears = quantizable(model, scheme)
+    linears = layer_formats(model, scheme)
     tensors = read_cached(path, scheme, key, linears)
     if tensors is None:
         return None

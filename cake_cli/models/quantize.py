@@ -29,6 +29,10 @@ from torch import nn
 SCHEMES = ("bf16", "int8", "int4")  # bf16 = the model's own dtype, nothing quantized
 GROUP = 32  # int4 input channels per scale/zero pair (the kernel takes 32, 64, 128, 256; see module doc)
 DECODE_ROWS = 4  # forwards of at most this many tokens use the fused kernel (decode); more: dequantize
+CLIP_STEPS = 20  # int4: ranges tried per group, from min-max down to (1 - CLIP_SHRINK) of it
+CLIP_SHRINK = 0.35
+FIT_ROUNDS = 2  # int4: least-squares fit / re-round alternations per tried range
+FIT_ROWS = 8192  # int4: output rows fitted at a time (bounds the float32 temporaries to ~30 MB each)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,29 +50,87 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scales
 
 
-def quantize_int4(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
-    """Asymmetric int4 quantization per group of `group` input channels (tinygemm's formula).
+def quantize_int4(
+    weight: torch.Tensor, group: int = GROUP, importance: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 quantization per group of `group` input channels, each group's scale and
+    zero fitted to its weights (tinygemm's formula ``w ≈ (q - 8) · s + z``).
+
+    Min-max scaling spends the 16 levels on the two extreme weights of a group; here each group tries
+    `CLIP_STEPS` ranges shrunk from its min-max range (by up to `CLIP_SHRINK`), and from each
+    alternates a weighted least-squares fit of (scale, offset) to the codes with re-rounding the
+    codes (`FIT_ROUNDS` times), keeping the range with the least weighted squared error
+    ``sum_k a_k (w_k - ŵ_k)^2`` (the min-max start is one candidate and neither step can raise the
+    error, so the fit is never worse than min-max). The weights `a_k` are the input channels'
+    importance (mean squared activation on a calibration text, `models.calibration`; llama.cpp's
+    "importance matrix" idea), so the error is spent where the activations are small.
 
     Args:
         weight: [N, K] float weight, K divisible by `group`.
+        importance: [K] non-negative weight per input channel, or None (all 1).
 
     Returns:
         (nibbles [N, K // 2] uint8: q[:, 2j] in the low and q[:, 2j + 1] in the high 4 bits,
         scale_zero [K // group, N, 2] float32: (s, z) with weight ≈ (q - 8) · s + z per group).
 
     Raises:
-        ValueError: K not divisible by `group`, or `group` odd.
+        ValueError: K not divisible by `group`, `group` odd, or `importance` not [K].
     """
     n, k = weight.shape
     if k % group or group % 2:
         raise ValueError(f"int4 needs the input size ({k}) to be a multiple of the group size ({group})")
-    w = weight.float().view(n, k // group, group)  # [N, G, group]
-    low, high = w.amin(dim=-1), w.amax(dim=-1)  # [N, G]
-    scale = ((high - low) / 15).clamp(min=1e-12)
-    q = torch.round((w - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8).view(n, k)
+    if importance is not None and tuple(importance.shape) != (k,):
+        raise ValueError(f"importance must have one value per input channel ({k}), got {tuple(importance.shape)}")
+    parts = [_fit_rows(weight[i : i + FIT_ROWS], group, importance) for i in range(0, n, FIT_ROWS)]
+    q = torch.cat([p[0] for p in parts])  # [N, K] uint8 in [0, 15]
+    scale, low = torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])  # [N, G]
     nibbles = q[:, 0::2] | (q[:, 1::2] << 4)  # [N, K/2]
     scale_zero = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous()  # [G, N, 2]
     return nibbles, scale_zero
+
+
+def _fit_rows(
+    weight: torch.Tensor, group: int, importance: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`quantize_int4`'s fit for a block of rows: (codes [n, K] uint8, scale [n, G], low [n, G])
+    with weight ≈ codes · scale + low per group (float32)."""
+    n, k = weight.shape
+    w = weight.float().view(n, k // group, group)  # [n, G, group]
+    a = torch.ones(k) if importance is None else importance.float().clamp(min=0) + 1e-12
+    a = a.view(1, k // group, group)  # [1, G, group]: broadcast over rows
+    a_sum = a.sum(-1)  # [1, G]
+    w_low, w_high = w.amin(dim=-1), w.amax(dim=-1)  # [n, G]
+    best_err = best_scale = best_low = None
+    for step in range(CLIP_STEPS):
+        shrink = 1.0 - CLIP_SHRINK * step / CLIP_STEPS
+        low = w_low * shrink
+        scale = ((w_high - w_low) * shrink / 15).clamp(min=1e-12)
+        q = _codes(w, scale, low)
+        for _ in range(FIT_ROUNDS):
+            q_mean, w_mean = (a * q).sum(-1) / a_sum, (a * w).sum(-1) / a_sum  # [n, G]
+            dq = q - q_mean[..., None]
+            var = (a * dq * dq).sum(-1)
+            cov = (a * dq * (w - w_mean[..., None])).sum(-1)
+            fitted = cov / var.clamp(min=1e-30)
+            ok = (var > 0) & (fitted > 1e-12)  # a degenerate group (one code, or a flipped fit) keeps its range
+            low = torch.where(ok, w_mean - fitted * q_mean, low)
+            scale = torch.where(ok, fitted, scale)
+            q = _codes(w, scale, low)
+        err = (a * (q * scale[..., None] + low[..., None] - w) ** 2).sum(-1)  # [n, G]
+        if best_err is None:
+            best_err, best_scale, best_low = err, scale, low
+        else:
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best_scale = torch.where(better, scale, best_scale)
+            best_low = torch.where(better, low, best_low)
+    codes = _codes(w, best_scale, best_low).to(torch.uint8).view(n, k)
+    return codes, best_scale, best_low
+
+
+def _codes(w: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """Nearest codes in [0, 15] (float) of w [n, G, group] for w ≈ q · scale + low per group."""
+    return torch.round((w - low[..., None]) / scale[..., None]).clamp(0, 15)
 
 
 def unpack_int4(nibbles: torch.Tensor) -> torch.Tensor:
@@ -153,37 +215,66 @@ class Int4Linear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def fits(scheme: str, out_features: int, in_features: int) -> bool:
-    """Whether a linear layer of that size can take `scheme`: int4's kernel needs the output size a
-    multiple of 16 and the input size a multiple of `GROUP` (a layer that cannot stays float)."""
-    return scheme == "int8" or (out_features % 16 == 0 and in_features % GROUP == 0)
+def fits_int4(out_features: int, in_features: int) -> bool:
+    """Whether int4's kernel takes a linear layer of that size: the output size a multiple of 16
+    and the input size a multiple of `GROUP`."""
+    return out_features % 16 == 0 and in_features % GROUP == 0
 
 
-def quantizable(model: nn.Module, scheme: str) -> list[str]:
-    """Names of the ``nn.Linear`` modules `quantize_model` replaces for `scheme`, in module order."""
-    return [
-        name
-        for name, m in model.named_modules()
-        if isinstance(m, nn.Linear) and fits(scheme, m.out_features, m.in_features)
-    ]
+def layer_formats(model: nn.Module, scheme: str) -> dict[str, str]:
+    """Each ``nn.Linear`` of `model` that `scheme` replaces -> the format it takes, in module order.
+
+    ``int8``: every linear layer. ``int4``: int4 wherever its kernel fits (`fits_int4`), int8 for the
+    others and for the output head (``get_output_embeddings``): the head decides every token's
+    logits, and the 4-bit GGUF files keep it in 8 bits (Q8_0 in the default model's). On the
+    default model the head in int8 instead of int4 lowered the perplexity of CPython's LICENSE.txt
+    from 7.56 to 7.52 (min-max scales; benchmarks/speed.md) for 51 MB more read per token.
+
+    Raises:
+        ValueError: an unknown scheme.
+    """
+    if scheme not in SCHEMES[1:]:
+        raise ValueError(f"unknown weight scheme {scheme!r}; choose one of {', '.join(SCHEMES[1:])}")
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    formats = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear):
+            small = scheme == "int4" and m is not head and fits_int4(m.out_features, m.in_features)
+            formats[name] = "int4" if small else "int8"
+    return formats
 
 
-def quantize_tensors(model: nn.Module, scheme: str) -> dict[str, torch.Tensor]:
-    """Quantize every linear layer's weight of `model` into flat tensors (what is saved).
+def tensor_names(formats: dict[str, str]) -> set[str]:
+    """The flat tensor names `quantize_tensors` writes for `layer_formats`' output."""
+    parts = {"int8": (".qweight", ".scales"), "int4": (".nibbles", ".scale_zero")}
+    return {name + part for name, fmt in formats.items() for part in parts[fmt]}
+
+
+def quantize_tensors(
+    model: nn.Module, scheme: str, importance: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """Quantize every linear layer's weight of `model` into flat tensors (what is saved), each in
+    its `layer_formats` format.
+
+    Args:
+        importance: {layer name: [K] input-channel importance} for the int4 fit
+            (`models.calibration.input_importance`); a layer missing from it fits unweighted.
 
     Returns:
         {"<module>.qweight"/".scales" (int8) or ".nibbles"/".scale_zero" (int4): tensor}, float
-        parts in float32. Raises ValueError for an unknown scheme or an int4 size not a multiple of GROUP.
+        parts in float32.
+
+    Raises:
+        ValueError: an unknown scheme.
     """
     out: dict[str, torch.Tensor] = {}
-    for name in quantizable(model, scheme):
+    for name, fmt in layer_formats(model, scheme).items():
         weight = model.get_submodule(name).weight.detach()
-        if scheme == "int8":
+        if fmt == "int8":
             out[f"{name}.qweight"], out[f"{name}.scales"] = quantize_int8(weight)
-        elif scheme == "int4":
-            out[f"{name}.nibbles"], out[f"{name}.scale_zero"] = quantize_int4(weight)
         else:
-            raise ValueError(f"unknown weight scheme {scheme!r}; choose one of {', '.join(SCHEMES[1:])}")
+            weights = (importance or {}).get(name)
+            out[f"{name}.nibbles"], out[f"{name}.scale_zero"] = quantize_int4(weight, importance=weights)
     return out
 
 
@@ -194,21 +285,21 @@ def apply_tensors(model: nn.Module, scheme: str, tensors: dict[str, torch.Tensor
     Raises:
         KeyError: a linear layer has no tensors in `tensors`.
     """
-    names = quantizable(model, scheme)
-    for name in names:
+    formats = layer_formats(model, scheme)
+    for name, fmt in formats.items():
         linear = model.get_submodule(name)
         dtype, bias = linear.weight.dtype, linear.bias
-        if scheme == "int8":
+        if fmt == "int8":
             module = Int8Linear(tensors[f"{name}.qweight"], tensors[f"{name}.scales"], bias, dtype)
         else:
             module = Int4Linear(tensors[f"{name}.nibbles"], tensors[f"{name}.scale_zero"], bias, dtype)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, module)
-    return len(names)
+    return len(formats)
 
 
-def quantize_model(model: nn.Module, scheme: str) -> int:
+def quantize_model(model: nn.Module, scheme: str, importance: dict[str, torch.Tensor] | None = None) -> int:
     """Quantize `model`'s linear layers in place (no cache); returns how many. See `quantize_tensors`."""
     if scheme == "bf16":
         return 0
-    return apply_tensors(model, scheme, quantize_tensors(model, scheme))
+    return apply_tensors(model, scheme, quantize_tensors(model, scheme, importance))

@@ -19,11 +19,12 @@ from safetensors.torch import load_file, save
 
 from cake_cli.errors import CakeError, first_line
 from cake_cli.files import write_atomic
+from cake_cli.models.calibration import calibration_text, input_importance
 from cake_cli.models.fingerprint import fingerprint
-from cake_cli.models.quantize import GROUP, apply_tensors, quantizable, quantize_tensors
+from cake_cli.models.quantize import GROUP, apply_tensors, layer_formats, quantize_tensors, tensor_names
 from cake_cli.paths import models_dir
 
-FORMAT = "1"  # bump when the saved layout changes
+FORMAT = "2"  # bump when the saved layout or the quantizer changes (2: int4 fitted, its output head int8)
 
 
 def cache_file(checkpoint: Path | None, scheme: str, key: str) -> Path:
@@ -34,12 +35,22 @@ def cache_file(checkpoint: Path | None, scheme: str, key: str) -> Path:
     return folder / f"{scheme}-g{GROUP}-{key}.safetensors"
 
 
+def _importance(model, tokenizer, scheme: str) -> dict | None:
+    """The int4 fit's input-channel weights (`models.calibration`); None for int8 or without the text."""
+    text = calibration_text() if scheme == "int4" else None
+    return None if text is None else input_importance(model, tokenizer, text[1])
+
+
 def _metadata(scheme: str, key: str) -> dict[str, str]:
     return {"scheme": scheme, "group": str(GROUP), "fingerprint": key, "format": FORMAT}
 
 
-def read_cached(path: Path, scheme: str, key: str, names: list[str]) -> dict | None:
-    """The cached tensors, or None when missing, unreadable or not this model's."""
+def read_cached(path: Path, scheme: str, key: str, formats: dict[str, str]) -> dict | None:
+    """The cached tensors, or None when missing, unreadable or not this model's.
+
+    Args:
+        formats: the model's `quantize.layer_formats` for `scheme` (the tensors the file must hold).
+    """
     if not path.is_file():
         return None
     try:
@@ -49,9 +60,7 @@ def read_cached(path: Path, scheme: str, key: str, names: list[str]) -> dict | N
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError):
         return None
-    suffix = (".qweight", ".scales") if scheme == "int8" else (".nibbles", ".scale_zero")
-    expected = {n + s for n in names for s in suffix}
-    return tensors if set(tensors) == expected else None
+    return tensors if set(tensors) == tensor_names(formats) else None
 
 
 def quantize_cached(model, tokenizer, checkpoint: Path | None, scheme: str, progress=None) -> tuple[Path, bool, float]:
@@ -72,12 +81,12 @@ def quantize_cached(model, tokenizer, checkpoint: Path | None, scheme: str, prog
     start = time.perf_counter()
     key = fingerprint(model, tokenizer)
     path = cache_file(checkpoint, scheme, key)
-    tensors = read_cached(path, scheme, key, quantizable(model, scheme))
+    tensors = read_cached(path, scheme, key, layer_formats(model, scheme))
     hit = tensors is not None
     if tensors is None:
         if progress:
             progress(f"quantizing the linear layers to {scheme} once, cached in {path.parent}")
-        tensors = quantize_tensors(model, scheme)
+        tensors = quantize_tensors(model, scheme, _importance(model, tokenizer, scheme))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, save(tensors, metadata=_metadata(scheme, key)), "quantized weights")

@@ -7,7 +7,8 @@
   (1 thread, benchmarks/runs/decode-profile-2026-12-02.md): its linear layers take 2.3-3.5x less
   time per decoded token than in bf16, and its perplexity on the first 1,024 tokens of CPython's
   LICENSE.txt is 6.967 (bf16: 6.973). int4 is faster still (3-4.6x) but is asked for, not chosen:
-  its perplexity there is 7.565 (+8.5%), re-rounding weights a 4-bit GGUF already rounded once;
+  its perplexity there is 7.411 (+6.3%; fitted scales, int8 head) and on the genre benchmark it lost
+  3.4 points at B = 128 (benchmarks/speed.md), re-rounding weights the GGUF kept mostly in 5 bits;
 - CPU, a smaller model (e.g. the tests' tiny ones): bf16, its weights stay in the CPU caches and
   decoding is not bound by reading them.
 

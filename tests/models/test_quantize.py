@@ -13,6 +13,7 @@ from cake_cli.models.quantize import (
     GROUP,
     Int4Linear,
     Int8Linear,
+    layer_formats,
     quantize_int4,
     quantize_int8,
     quantize_model,
@@ -62,14 +63,53 @@ def test_quantized_linear_matches_dequantized_reference(dtype, tol, rows, seed):
     assert torch.allclose(out4.double(), ref4, rtol=tol, atol=tol * ref4.abs().max().item())
 
 
-def test_quantization_error_is_within_half_a_step():
+def test_int8_error_is_within_half_a_step():
     weight = torch.randn(64, 4 * GROUP, generator=torch.Generator().manual_seed(3))
     q, s = quantize_int8(weight)
     assert q.abs().max() <= 127 and (q.float() * s[:, None] - weight).abs().le(s[:, None] / 2 + 1e-6).all()
-    nib, sz = quantize_int4(weight)
-    rebuilt = Int4Linear(nib, sz, None, torch.float32).dequantized(torch.float32)
-    step = sz[..., 0].t().repeat_interleave(GROUP, dim=1)  # [N, K] each weight's group scale
-    assert (rebuilt - weight).abs().le(step / 2 + 1e-6).all()
+
+
+def _minmax_int4(weight, group=GROUP):
+    """The plain int4 reference: each group's 16 levels span its min..max, nearest level per weight."""
+    n, k = weight.shape
+    w = weight.double().view(n, k // group, group)
+    low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    step = (high - low) / 15
+    return (torch.round((w - low) / step).clamp(0, 15) * step + low).view(n, k)
+
+
+def _int4_weights(weight, importance=None):
+    nib, sz = quantize_int4(weight, importance=importance)
+    return Int4Linear(nib, sz, None, torch.float32).dequantized(torch.float32).double()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_int4_fit_is_never_worse_than_min_max_in_its_weighted_error(seed):
+    """Per group, the weighted squared error sum_k a_k (w_k - ŵ_k)^2 of the fit <= min-max's (the fit
+    starts from min-max and neither of its steps can raise the error); and it is lower overall on
+    heavy-tailed weights, where clipping the extremes pays."""
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(48, 4 * GROUP, generator=g) * torch.rand(48, 1, generator=g)
+    weight[torch.rand(weight.shape, generator=g) < 0.02] *= 6  # a few outliers per group
+    importance = torch.rand(4 * GROUP, generator=g) ** 3 * 10
+    a = importance.double().view(1, 4, GROUP)
+    ref = ((_minmax_int4(weight) - weight.double()) ** 2).view(48, 4, GROUP) * a
+    fit = ((_int4_weights(weight, importance) - weight.double()) ** 2).view(48, 4, GROUP) * a
+    assert (fit.sum(-1) <= ref.sum(-1) * (1 + 1e-5) + 1e-9).all()
+    assert fit.sum() < 0.9 * ref.sum()
+
+
+def test_int4_keeps_weights_already_on_a_4_bit_grid():
+    """Weights a 4-bit file already rounded (each group q · s + m, q in 0..15, a group using both end
+    codes) come back unchanged, weighted or not: the fit moves nothing that min-max has exactly."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randint(0, 16, (32, 4, GROUP), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15
+    scale = torch.rand(32, 4, 1, generator=g) * 0.05 + 0.01
+    low = torch.randn(32, 4, 1, generator=g) * 0.1
+    weight = (q * scale + low).view(32, 4 * GROUP)
+    for importance in (None, torch.rand(4 * GROUP, generator=g)):
+        assert torch.allclose(_int4_weights(weight, importance), weight.double(), atol=1e-6)
 
 
 def test_int4_refuses_a_size_not_a_multiple_of_the_group():
@@ -89,8 +129,8 @@ def test_tiny_model_logits_stay_close_to_float(scheme, bound):
         count = quantize_model(model, scheme)
         last = model(ids[:, -1:]).logits  # one row: the fused decode kernel
         out = model(ids).logits  # twelve rows: the dequantized path
-    # q, k, v, o, gate, up, down per layer, + the output head for int8 (97 outputs: not int4's multiple of 16)
-    assert count == 4 * 7 + (scheme == "int8")
+    # q, k, v, o, gate, up, down per layer, + the output head (int8 under both schemes)
+    assert count == 4 * 7 + 1 and isinstance(model.lm_head, Int8Linear)
     assert (out - ref).abs().max() / ref.std() < bound
     first = model.model.layers[0].self_attn.q_proj
     assert isinstance(first, Int8Linear if scheme == "int8" else Int4Linear) and last.shape == (1, 1, 97)
@@ -107,7 +147,8 @@ def test_cache_is_written_once_and_reused(tmp_path, monkeypatch):
     assert hit and again == path
     other, hit, _ = quantize_cached(tiny_llama(seed=1), tokenizer, None, "int8")  # other weights, other key
     assert not hit and other != path
-    int4, hit, _ = quantize_cached(tiny_llama(), tokenizer, None, "int4")
+    calibrated = tiny_llama(vocab=len(tokenizer))  # int4 runs the calibration text: its ids must be in range
+    int4, hit, _ = quantize_cached(calibrated, tokenizer, None, "int4")
     assert not hit and int4 != path and int4.name.startswith("int4-")
     path.write_bytes(b"not safetensors")  # a damaged file is quantized again
     model = tiny_llama()
@@ -136,3 +177,12 @@ def test_weights_names_and_auto_rule():
     assert auto_weights(False, AUTO_MIN_BYTES)[0] == "int8"
     assert auto_weights(False, AUTO_MIN_BYTES - 1)[0] == "bf16"
     assert auto_weights(True, 10 * AUTO_MIN_BYTES)[0] == "bf16"
+
+
+def test_int4_takes_every_layer_its_kernel_fits_and_int8_for_the_output_head():
+    model = tiny_llama(vocab=128)  # 128 outputs: the head would fit int4's kernel; it stays int8 on purpose
+    formats = layer_formats(model, "int4")
+    assert formats.pop("lm_head") == "int8" and len(formats) == 4 * 7 and set(formats.values()) == {"int4"}
+    assert set(layer_formats(model, "int8").values()) == {"int8"}
+    with pytest.raises(ValueError, match="unknown weight scheme 'int3'"):
+        layer_formats(model, "int3")

@@ -21,6 +21,8 @@ import hashlib
 
 import torch
 
+from cake_cli.models.quantize import PARTS
+
 SAMPLES = 16  # values read from each end of every parameter
 CONFIG_KEYS = (
     "model_type",
@@ -36,7 +38,7 @@ CONFIG_KEYS = (
     "rope_parameters",
     "rms_norm_eps",
 )
-QUANTIZED = (".qweight", ".scales", ".nibbles", ".scale_zero")  # `models.quantize` buffers
+QUANTIZED = tuple(part for parts in PARTS.values() for part in parts)  # `models.quantize` buffers
 PROBE = "Fingerprint probe: The quick brown fox, 1234.5 — naïve café, 日本語\n\n<document>\n</document>"
 
 

@@ -33,6 +33,7 @@ CLIP_STEPS = 20  # int4: ranges tried per group, from min-max down to (1 - CLIP_
 CLIP_SHRINK = 0.35
 FIT_ROUNDS = 2  # int4: least-squares fit / re-round alternations per tried range
 FIT_ROWS = 8192  # int4: output rows fitted at a time (bounds the float32 temporaries to ~30 MB each)
+PARTS = {"int8": (".qweight", ".scales"), "int4": (".nibbles", ".scale_zero")}  # saved tensors per layer
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,6 +100,8 @@ def _fit_rows(
     a = torch.ones(k) if importance is None else importance.float().clamp(min=0) + 1e-12
     a = a.view(1, k // group, group)  # [1, G, group]: broadcast over rows
     a_sum = a.sum(-1)  # [1, G]
+    w_mean = (a * w).sum(-1) / a_sum  # [n, G]: the weighted mean, the same for every range and round
+    w_centered = w - w_mean[..., None]
     w_low, w_high = w.amin(dim=-1), w.amax(dim=-1)  # [n, G]
     best_err = best_scale = best_low = None
     for step in range(CLIP_STEPS):
@@ -107,10 +110,10 @@ def _fit_rows(
         scale = ((w_high - w_low) * shrink / 15).clamp(min=1e-12)
         q = _codes(w, scale, low)
         for _ in range(FIT_ROUNDS):
-            q_mean, w_mean = (a * q).sum(-1) / a_sum, (a * w).sum(-1) / a_sum  # [n, G]
+            q_mean = (a * q).sum(-1) / a_sum  # [n, G]
             dq = q - q_mean[..., None]
             var = (a * dq * dq).sum(-1)
-            cov = (a * dq * (w - w_mean[..., None])).sum(-1)
+            cov = (a * dq * w_centered).sum(-1)
             fitted = cov / var.clamp(min=1e-30)
             ok = (var > 0) & (fitted > 1e-12)  # a degenerate group (one code, or a flipped fit) keeps its range
             low = torch.where(ok, w_mean - fitted * q_mean, low)
@@ -228,7 +231,7 @@ def layer_formats(model: nn.Module, scheme: str) -> dict[str, str]:
     others and for the output head (``get_output_embeddings``): the head decides every token's
     logits, and the 4-bit GGUF files keep it in 8 bits (Q8_0 in the default model's). On the
     default model the head in int8 instead of int4 lowered the perplexity of CPython's LICENSE.txt
-    from 7.56 to 7.52 (min-max scales; benchmarks/speed.md) for 51 MB more read per token.
+    from 7.56 to 7.52 (min-max scales; one scratch run, no run file) for 51 MB more read per token.
 
     Raises:
         ValueError: an unknown scheme.
@@ -246,8 +249,7 @@ def layer_formats(model: nn.Module, scheme: str) -> dict[str, str]:
 
 def tensor_names(formats: dict[str, str]) -> set[str]:
     """The flat tensor names `quantize_tensors` writes for `layer_formats`' output."""
-    parts = {"int8": (".qweight", ".scales"), "int4": (".nibbles", ".scale_zero")}
-    return {name + part for name, fmt in formats.items() for part in parts[fmt]}
+    return {name + part for name, fmt in formats.items() for part in PARTS[fmt]}
 
 
 def quantize_tensors(
@@ -298,8 +300,9 @@ def apply_tensors(model: nn.Module, scheme: str, tensors: dict[str, torch.Tensor
     return len(formats)
 
 
-def quantize_model(model: nn.Module, scheme: str, importance: dict[str, torch.Tensor] | None = None) -> int:
-    """Quantize `model`'s linear layers in place (no cache); returns how many. See `quantize_tensors`."""
+def quantize_model(model: nn.Module, scheme: str) -> int:
+    """Quantize `model`'s linear layers in place (no cache, int4 unweighted); returns how many. See
+    `quantize_tensors`."""
     if scheme == "bf16":
         return 0
-    return apply_tensors(model, scheme, quantize_tensors(model, scheme, importance))
+    return apply_tensors(model, scheme, quantize_tensors(model, scheme))

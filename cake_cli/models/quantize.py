@@ -13,6 +13,16 @@ token in bf16, 25 ms in int8 and 17-21 ms in int4.
   [0, 15], ``s = (max - min) / 15``, ``z = min + 8 s`` (``torch._weight_int4pack_mm_for_cpu``, the
   tinygemm formula torchao's ``Int4CPULayout`` uses).
 
+The kernels are vectorized for bf16 activations; in float32 (or float16) they fall back to a scalar
+loop, slower than a float32 matrix product (on an AVX2 CPU, one 4864 x 896 layer at 1 thread: 5.5 ms
+against 0.95 ms, through bf16 0.60 ms; a scratch measurement). A model computing in float32
+(`--dtype auto` on a CPU without native bf16) therefore decodes through them in bf16,
+`KERNEL_DTYPE`: the token's activations are rounded to bf16 on the way in and the bf16 product is
+widened back, the precision a bf16 model decodes with (the README demo at 1 thread: 7.5 tok/s
+against 1.4 on the float32 path, decode-path perplexity 7.186 against float32 weights' 7.180;
+benchmarks/runs/avx2-kernels-bf16-2026-12-04.txt). Scales are kept in `KERNEL_DTYPE` on every path,
+so prefill's dequantized weight and decode's fused product use the same weight values.
+
 Prefill multiplies many tokens at once; there the fused kernels measured 2-3x slower than a bf16
 matrix product (256 tokens), so a forward of more than `DECODE_ROWS` tokens dequantizes the
 weight to the activation dtype and runs an ordinary ``F.linear``: prefill keeps bf16 speed, decode
@@ -28,6 +38,7 @@ from torch import nn
 
 SCHEMES = ("bf16", "int8", "int4")  # bf16 = the model's own dtype, nothing quantized
 GROUP = 32  # int4 input channels per scale/zero pair (the kernel takes 32, 64, 128, 256; see module doc)
+KERNEL_DTYPE = torch.bfloat16  # the activation dtype the CPU kernels are vectorized for (module docstring)
 DECODE_ROWS = 4  # forwards of at most this many tokens use the fused kernel (decode); more: dequantize
 CLIP_STEPS = 20  # int4: ranges tried per group, from min-max down to (1 - CLIP_SHRINK) of it
 CLIP_SHRINK = 0.35
@@ -155,15 +166,15 @@ def dequantize_int4(nibbles: torch.Tensor, scale_zero: torch.Tensor, dtype: torc
 class Int8Linear(nn.Module):
     """``nn.Linear`` with int8 weights (see the module docstring).
 
-    Buffers: ``qweight`` [N, K] int8, ``scales`` [N] in the compute dtype, ``bias`` [N] or None.
-    Input [..., K] -> output [..., N] in the input's dtype.
+    Buffers: ``qweight`` [N, K] int8, ``scales`` [N] in `KERNEL_DTYPE`, ``bias`` [N] (compute dtype)
+    or None. Input [..., K] -> output [..., N] in the input's dtype.
     """
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
         super().__init__()
         self.in_features, self.out_features = qweight.shape[1], qweight.shape[0]
         self.register_buffer("qweight", qweight.contiguous())
-        self.register_buffer("scales", scales.to(dtype))
+        self.register_buffer("scales", scales.to(KERNEL_DTYPE))
         self.register_buffer("bias", None if bias is None else bias.to(dtype))
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
@@ -174,7 +185,7 @@ class Int8Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)  # [M, K]
         if rows.shape[0] > DECODE_ROWS:
             return F.linear(x, self.dequantized(x.dtype), self.bias)
-        out = torch._weight_int8pack_mm(rows, self.qweight, self.scales.to(x.dtype))  # [M, N]
+        out = torch._weight_int8pack_mm(rows.to(KERNEL_DTYPE), self.qweight, self.scales).to(x.dtype)  # [M, N]
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
         return out.view(*x.shape[:-1], self.out_features)
@@ -185,7 +196,8 @@ class Int4Linear(nn.Module):
 
     Buffers: ``nibbles`` [N, K // 2] uint8 (portable: what is saved and what prefill dequantizes),
     ``packed`` (the CPU kernel's tiled layout of the same values, built at load), ``scale_zero``
-    [K // group, N, 2] in the compute dtype, ``bias`` [N] or None.
+    [K // group, N, 2] in `KERNEL_DTYPE`, ``bias`` [N] (compute dtype) or None. Input [..., K] ->
+    output [..., N] in the input's dtype.
     """
 
     def __init__(
@@ -200,7 +212,7 @@ class Int4Linear(nn.Module):
         self.out_features, self.in_features, self.group = nibbles.shape[0], nibbles.shape[1] * 2, group
         self.register_buffer("nibbles", nibbles.contiguous())
         self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpack_int4(nibbles), 1))
-        self.register_buffer("scale_zero", scale_zero.to(dtype).contiguous())
+        self.register_buffer("scale_zero", scale_zero.to(KERNEL_DTYPE).contiguous())
         self.register_buffer("bias", None if bias is None else bias.to(dtype))
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
@@ -211,8 +223,8 @@ class Int4Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)  # [M, K]
         if rows.shape[0] > DECODE_ROWS:
             return F.linear(x, self.dequantized(x.dtype), self.bias)
-        sz = self.scale_zero if self.scale_zero.dtype == x.dtype else self.scale_zero.to(x.dtype)
-        out = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, sz)  # [M, N]
+        out = torch._weight_int4pack_mm_for_cpu(rows.to(KERNEL_DTYPE), self.packed, self.group, self.scale_zero)
+        out = out.to(x.dtype)  # [M, N]
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
         return out.view(*x.shape[:-1], self.out_features)

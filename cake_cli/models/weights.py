@@ -8,7 +8,11 @@
   time per decoded token than in bf16, and its perplexity on the first 1,024 tokens of CPython's
   LICENSE.txt is 6.967 (bf16: 6.973). int4 is faster still (3-4.6x) but is asked for, not chosen:
   its perplexity there is 7.411 (+6.3%; fitted scales, int8 head) and on the genre benchmark it lost
-  3.4 points at B = 128 (benchmarks/speed.md), re-rounding weights the GGUF kept mostly in 5 bits;
+  3.4 points at B = 128 (benchmarks/speed.md), re-rounding weights the GGUF kept mostly in 5 bits.
+  A float32 model (a CPU without native bf16) decodes int8 through the kernels in bf16
+  (`models.quantize`): on an AVX2 CPU (AMD EPYC, 1 thread, the README demo) 7.5 tok/s against 5.5
+  for float32 weights, decode-path perplexity over LICENSE.txt's first 512 tokens 7.186 (float32
+  weights: 7.180; benchmarks/runs/avx2-kernels-bf16-2026-12-04.txt);
 - CPU, a smaller model (e.g. the tests' tiny ones): bf16, its weights stay in the CPU caches and
   decoding is not bound by reading them.
 
@@ -46,4 +50,4 @@ def auto_weights(on_cuda: bool, linear_bytes: int) -> tuple[str, str]:
         return "bf16", "auto: the model's dtype on CUDA (the int8/int4 kernels used are CPU kernels)"
     if linear_bytes < AUTO_MIN_BYTES:
         return "bf16", f"auto: {linear_bytes / 2**20:.0f} MiB of linear weights fit the CPU caches"
-    return "int8", "auto: int8 linear layers decode 2.3-3.5x faster than bf16 on CPU, perplexity within 0.1%"
+    return "int8", "auto: int8 linear layers decode 1.6-3.5x faster than unquantized on CPU, perplexity within 0.1%"

@@ -11,8 +11,10 @@ from cake_cli.errors import UsageError
 from cake_cli.models.quantize import (
     DECODE_ROWS,
     GROUP,
+    KERNEL_DTYPE,
     Int4Linear,
     Int8Linear,
+    dequantize_int4,
     layer_formats,
     quantize_int4,
     quantize_int8,
@@ -25,8 +27,8 @@ from tests.helpers.tiny import build_tiny_tokenizer
 
 
 def _reference_int8(q, scales, x, bias):
-    """x [M, K] @ (q · s)^T + b, every element in float64, the scales rounded to x's dtype first."""
-    w = q.double() * scales.to(x.dtype).double()[:, None]
+    """x [M, K] @ (q · s)^T + b, every element in float64, the scales rounded to bf16 first (as kept)."""
+    w = q.double() * scales.to(KERNEL_DTYPE).double()[:, None]
     return x.double() @ w.t() + bias.to(x.dtype).double()
 
 
@@ -34,7 +36,7 @@ def _reference_int4(nibbles, scale_zero, x, bias):
     """The int4 weight rebuilt element by element: w[n, k] = (q - 8) · s + z of k's group."""
     n_out, half = nibbles.shape
     k_in = 2 * half
-    sz = scale_zero.to(x.dtype).double()
+    sz = scale_zero.to(KERNEL_DTYPE).double()  # kept in bf16
     w = torch.empty(n_out, k_in, dtype=torch.float64)
     for k in range(k_in):
         q = (nibbles[:, k // 2] >> (4 * (k % 2))) & 15  # low nibble: even k, high nibble: odd k
@@ -43,24 +45,42 @@ def _reference_int4(nibbles, scale_zero, x, bias):
     return x.double() @ w.t() + bias.to(x.dtype).double()
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, DECODE_ROWS + 5])  # decode kernel, and the dequantized prefill path
 @pytest.mark.parametrize("seed", [0, 1])
-def test_quantized_linear_matches_dequantized_reference(dtype, tol, rows, seed):
+def test_quantized_linear_matches_dequantized_reference(dtype, rows, seed):
     g = torch.Generator().manual_seed(seed)
     n_out, k_in = 48 + 16 * seed, 2 * GROUP * (1 + seed)
     weight = torch.randn(n_out, k_in, generator=g) * 0.1
     bias = torch.randn(n_out, generator=g)
     x = torch.randn(rows, k_in, generator=g).to(dtype)
+    decode = rows <= DECODE_ROWS
+    # decode: the kernel reads the activations in bf16 and returns a bf16 product (one rounding, 2^-9)
+    x_ref = x.to(KERNEL_DTYPE) if decode else x
+    tol = 2e-2 if dtype == torch.bfloat16 else (4e-3 if decode else 1e-5)
     q, s = quantize_int8(weight)
     out8 = Int8Linear(q, s, bias, dtype)(x.unsqueeze(0))  # [1, M, N]: a 3-D input keeps its leading dims
-    ref8 = _reference_int8(q, s, x, bias)
+    ref8 = _reference_int8(q, s, x_ref, bias.to(dtype))
     assert out8.shape == (1, rows, n_out) and out8.dtype == dtype
     assert torch.allclose(out8[0].double(), ref8, rtol=tol, atol=tol * ref8.abs().max().item())
     nib, sz = quantize_int4(weight)
     out4 = Int4Linear(nib, sz, bias, dtype)(x)
-    ref4 = _reference_int4(nib, sz, x, bias)
+    ref4 = _reference_int4(nib, sz, x_ref, bias.to(dtype))
+    assert out4.dtype == dtype
     assert torch.allclose(out4.double(), ref4, rtol=tol, atol=tol * ref4.abs().max().item())
+
+
+@pytest.mark.parametrize("layer", ["int8", "int4"])
+def test_float32_decode_runs_the_kernel_in_bf16(layer):
+    """A float32 model's decode step gets exactly the bf16 product, in float32: the kernels' float32
+    path is a scalar loop (module docstring), so the layer must not take it."""
+    g = torch.Generator().manual_seed(5)
+    weight, x = torch.randn(64, 4 * GROUP, generator=g), torch.randn(2, 4 * GROUP, generator=g)
+    parts = quantize_int8(weight) if layer == "int8" else quantize_int4(weight)
+    cls = Int8Linear if layer == "int8" else Int4Linear
+    out32 = cls(*parts, None, torch.float32)(x)
+    out16 = cls(*parts, None, torch.bfloat16)(x.to(torch.bfloat16))
+    assert out32.dtype == torch.float32 and torch.equal(out32, out16.float())
 
 
 def test_int8_error_is_within_half_a_step():
@@ -79,8 +99,9 @@ def _minmax_int4(weight, group=GROUP):
 
 
 def _int4_weights(weight, importance=None):
+    """The fit's weights with its float32 scale and offset (the layer keeps them in bf16)."""
     nib, sz = quantize_int4(weight, importance=importance)
-    return Int4Linear(nib, sz, None, torch.float32).dequantized(torch.float32).double()
+    return dequantize_int4(nib, sz, torch.float64)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -18,16 +18,16 @@ loop, slower than a float32 matrix product (on an AVX2 CPU, one 4864 x 896 layer
 against 0.95 ms, through bf16 0.60 ms; a scratch measurement). A model computing in float32
 (`--dtype auto` on a CPU without native bf16) therefore decodes through them in bf16,
 `KERNEL_DTYPE`: the token's activations are rounded to bf16 on the way in and the bf16 product is
-widened back, the precision a bf16 model decodes with (the README demo at 1 thread: 7.5 tok/s
+widened back, the precision a bf16 model decodes with (the README demo at 1 thread: 11.8 tok/s
 against 1.4 on the float32 path, decode-path perplexity 7.186 against float32 weights' 7.180;
 benchmarks/runs/avx2-kernels-bf16-2026-12-04.txt). Scales are kept in `KERNEL_DTYPE` on every path,
 so prefill's dequantized weight and decode's fused product use the same weight values.
 
 Prefill multiplies many tokens at once; there the fused kernels measured 2-3x slower than a bf16
 matrix product (256 tokens), so a forward of more than `DECODE_ROWS` tokens dequantizes the
-weight to the activation dtype and runs an ordinary ``F.linear``: prefill keeps bf16 speed, decode
-reads the small weights. Only the decoder's and the output head's ``nn.Linear`` layers are
-quantized; the embedding (a lookup, not a product) keeps its dtype.
+weight to the activation dtype and runs an ordinary ``F.linear``: prefill keeps the speed of the
+model's dtype, decode reads the small weights. Only the decoder's and the output head's
+``nn.Linear`` layers are quantized; the embedding (a lookup, not a product) keeps its dtype.
 """
 
 from __future__ import annotations

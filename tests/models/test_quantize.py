@@ -27,9 +27,10 @@ from tests.helpers.tiny import build_tiny_tokenizer
 
 
 def _reference_int8(q, scales, x, bias):
-    """x [M, K] @ (q · s)^T + b, every element in float64, the scales rounded to bf16 first (as kept)."""
+    """x [M, K] @ (q · s)^T + b, every element in float64, the scales rounded to bf16 first (as kept);
+    `bias` in the dtype the layer keeps it in (the model's)."""
     w = q.double() * scales.to(KERNEL_DTYPE).double()[:, None]
-    return x.double() @ w.t() + bias.to(x.dtype).double()
+    return x.double() @ w.t() + bias.double()
 
 
 def _reference_int4(nibbles, scale_zero, x, bias):
@@ -42,7 +43,7 @@ def _reference_int4(nibbles, scale_zero, x, bias):
         q = (nibbles[:, k // 2] >> (4 * (k % 2))) & 15  # low nibble: even k, high nibble: odd k
         g = k // (k_in // scale_zero.shape[0])
         w[:, k] = (q.double() - 8) * sz[g, :, 0] + sz[g, :, 1]
-    return x.double() @ w.t() + bias.to(x.dtype).double()
+    return x.double() @ w.t() + bias.double()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -64,23 +65,25 @@ def test_quantized_linear_matches_dequantized_reference(dtype, rows, seed):
     assert out8.shape == (1, rows, n_out) and out8.dtype == dtype
     assert torch.allclose(out8[0].double(), ref8, rtol=tol, atol=tol * ref8.abs().max().item())
     nib, sz = quantize_int4(weight)
-    out4 = Int4Linear(nib, sz, bias, dtype)(x)
+    out4 = Int4Linear(nib, sz, bias, dtype)(x.unsqueeze(0))
     ref4 = _reference_int4(nib, sz, x_ref, bias.to(dtype))
-    assert out4.dtype == dtype
-    assert torch.allclose(out4.double(), ref4, rtol=tol, atol=tol * ref4.abs().max().item())
+    assert out4.shape == (1, rows, n_out) and out4.dtype == dtype
+    assert torch.allclose(out4[0].double(), ref4, rtol=tol, atol=tol * ref4.abs().max().item())
 
 
 @pytest.mark.parametrize("layer", ["int8", "int4"])
 def test_float32_decode_runs_the_kernel_in_bf16(layer):
-    """A float32 model's decode step gets exactly the bf16 product, in float32: the kernels' float32
-    path is a scalar loop (module docstring), so the layer must not take it."""
+    """A float32 model's decode step gets exactly the bf16 product, widened, plus its float32 bias:
+    the kernels' float32 path is a scalar loop (module docstring), so the layer must not take it,
+    and the bias (the model's, not the kernel's) must not be rounded to bf16."""
     g = torch.Generator().manual_seed(5)
     weight, x = torch.randn(64, 4 * GROUP, generator=g), torch.randn(2, 4 * GROUP, generator=g)
+    bias = torch.randn(64, generator=g) * 1e-3 + 1.0  # bf16 would round every one of these
     parts = quantize_int8(weight) if layer == "int8" else quantize_int4(weight)
     cls = Int8Linear if layer == "int8" else Int4Linear
-    out32 = cls(*parts, None, torch.float32)(x)
+    out32 = cls(*parts, bias, torch.float32)(x)
     out16 = cls(*parts, None, torch.bfloat16)(x.to(torch.bfloat16))
-    assert out32.dtype == torch.float32 and torch.equal(out32, out16.float())
+    assert out32.dtype == torch.float32 and torch.equal(out32, out16.float() + bias)
 
 
 def test_int8_error_is_within_half_a_step():

@@ -163,7 +163,34 @@ def dequantize_int4(nibbles: torch.Tensor, scale_zero: torch.Tensor, dtype: torc
     return ((q - 8) * s + z).to(dtype)
 
 
-class Int8Linear(nn.Module):
+class QuantizedLinear(nn.Module):
+    """What the int8 and int4 layers share: a forward of at most `DECODE_ROWS` tokens runs the
+    layer's fused CPU kernel (`fused`) on `KERNEL_DTYPE` activations and widens the product back;
+    a longer one multiplies by the weight dequantized to the input's dtype (module docstring).
+    Subclasses set ``in_features``, ``out_features`` and a ``bias`` buffer ([N] in the compute
+    dtype, or None) and define `dequantized` and `fused`.
+    """
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """[N, K] weight in `dtype`."""
+        raise NotImplementedError
+
+    def fused(self, rows: torch.Tensor) -> torch.Tensor:
+        """[M, K] `KERNEL_DTYPE` rows -> [M, N] `KERNEL_DTYPE` product, no bias."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., K] -> [..., N] in the input's dtype."""
+        rows = x.reshape(-1, self.in_features)  # [M, K]
+        if rows.shape[0] > DECODE_ROWS:
+            return F.linear(x, self.dequantized(x.dtype), self.bias)
+        out = self.fused(rows.to(KERNEL_DTYPE)).to(x.dtype)  # [M, N]
+        if self.bias is not None:
+            out = out + self.bias.to(x.dtype)
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+class Int8Linear(QuantizedLinear):
     """``nn.Linear`` with int8 weights (see the module docstring).
 
     Buffers: ``qweight`` [N, K] int8, ``scales`` [N] in `KERNEL_DTYPE`, ``bias`` [N] (compute dtype)
@@ -181,17 +208,12 @@ class Int8Linear(nn.Module):
         """[N, K] weight in `dtype`."""
         return (self.qweight.to(dtype) * self.scales.to(dtype)[:, None]).to(dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)  # [M, K]
-        if rows.shape[0] > DECODE_ROWS:
-            return F.linear(x, self.dequantized(x.dtype), self.bias)
-        out = torch._weight_int8pack_mm(rows.to(KERNEL_DTYPE), self.qweight, self.scales).to(x.dtype)  # [M, N]
-        if self.bias is not None:
-            out = out + self.bias.to(x.dtype)
-        return out.view(*x.shape[:-1], self.out_features)
+    def fused(self, rows: torch.Tensor) -> torch.Tensor:
+        """[M, K] `KERNEL_DTYPE` rows -> [M, N] `KERNEL_DTYPE` product, no bias."""
+        return torch._weight_int8pack_mm(rows, self.qweight, self.scales)
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(QuantizedLinear):
     """``nn.Linear`` with int4 weights in groups of `group` input channels (see the module docstring).
 
     Buffers: ``nibbles`` [N, K // 2] uint8 (portable: what is saved and what prefill dequantizes),
@@ -219,15 +241,9 @@ class Int4Linear(nn.Module):
         """[N, K] weight in `dtype`."""
         return dequantize_int4(self.nibbles, self.scale_zero, dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)  # [M, K]
-        if rows.shape[0] > DECODE_ROWS:
-            return F.linear(x, self.dequantized(x.dtype), self.bias)
-        out = torch._weight_int4pack_mm_for_cpu(rows.to(KERNEL_DTYPE), self.packed, self.group, self.scale_zero)
-        out = out.to(x.dtype)  # [M, N]
-        if self.bias is not None:
-            out = out + self.bias.to(x.dtype)
-        return out.view(*x.shape[:-1], self.out_features)
+    def fused(self, rows: torch.Tensor) -> torch.Tensor:
+        """[M, K] `KERNEL_DTYPE` rows -> [M, N] `KERNEL_DTYPE` product, no bias."""
+        return torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, self.scale_zero)
 
 
 def fits_int4(out_features: int, in_features: int) -> bool:

@@ -10,9 +10,9 @@
   its perplexity there is 7.411 (+6.3%; fitted scales, int8 head) and on the genre benchmark it lost
   3.4 points at B = 128 (benchmarks/speed.md), re-rounding weights the GGUF kept mostly in 5 bits.
   A float32 model (a CPU without native bf16) decodes int8 through the kernels in bf16
-  (`models.quantize`): on an AVX2 CPU (AMD EPYC, 1 thread, the README demo, medians of 3) 11.8 tok/s against
-  7.4 for float32 weights, decode-path perplexity over LICENSE.txt's first 512 tokens 7.186 (float32
-  weights: 7.180; benchmarks/runs/avx2-kernels-bf16-2026-12-04.txt);
+  (`models.quantize`): on an AVX2 CPU (AMD EPYC, 1 thread, the README demo, medians of 3) 11.8
+  tok/s against 7.4 for float32 weights, decode-path perplexity over LICENSE.txt's first 512
+  tokens 7.186 (float32 weights: 7.180; benchmarks/runs/avx2-kernels-bf16-2026-12-04.txt);
 - CPU, a smaller model (e.g. the tests' tiny ones): bf16, its weights stay in the CPU caches and
   decoding is not bound by reading them.
 

@@ -137,7 +137,8 @@ Weights = Annotated[
         metavar="FORMAT",
         help="Linear-layer weights: auto (int8 on CPU for a model over 64 MiB of them, else the --dtype), "
         "bf16 (the --dtype), int8 or int4 (weight-only quantized, CPU; quantized once and cached under "
-        "CAKE_HOME). The report says which and why.",
+        "CAKE_HOME), w8a8 (int8 weights, decode activations quantized per token too; faster, x86 CPU). "
+        "The report says which and why.",
     ),
 ]
 Attention = Annotated[

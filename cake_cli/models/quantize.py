@@ -1,4 +1,4 @@
-"""Weight-only quantized linear layers for CPU decoding (`--weights int8|int4`).
+"""Quantized linear layers for CPU decoding (`--weights int8|int4|w8a8`).
 
 A decode step multiplies one token's activations by every weight matrix of the model, so on a CPU
 it is bound by how many weight bytes it reads (the default model's bf16 weights: ~1 GB per token,
@@ -23,6 +23,17 @@ against 1.4 on the float32 path, decode-path perplexity 7.186 against float32 we
 benchmarks/runs/avx2-kernels-bf16-2026-12-04.txt). Scales are kept in `KERNEL_DTYPE` on every path,
 so prefill's dequantized weight and decode's fused product use the same weight values.
 
+- **w8a8**: int8's weights (the same cached tensors), and on decode the token's activations quantized
+  too, dynamically per token, so the product runs in integer arithmetic (fbgemm's dynamic int8
+  linear, ``torch.ops.quantized.linear_dynamic``, per-channel weights, 7-bit unsigned activations
+  with a per-token scale and zero point: ``reduce_range``, which keeps AVX2's 8-bit multiply-add from
+  saturating). This is what llama.cpp does on CPUs (8-bit activations against its quantized blocks);
+  torch's weight-only int8 kernel reads weights at about half the speed a CPU can stream them (module
+  `W8A8Linear`). Layers whose input is the MLP's gated product (``in_features`` equal to the
+  config's ``intermediate_size``, the down projection) stay weight-only int8: those activations
+  carry the outlier channels a per-token scale loses precision to (LLM.int8(), SmoothQuant; on the
+  default model their activation quantization alone cost 0.06 of decode-path perplexity).
+
 Prefill multiplies many tokens at once; there the fused kernels measured 2-3x slower than a bf16
 matrix product (256 tokens), so a forward of more than `DECODE_ROWS` tokens dequantizes the
 weight to the activation dtype and runs an ordinary ``F.linear``: prefill keeps the speed of the
@@ -32,11 +43,13 @@ model's dtype, decode reads the small weights. Only the decoder's and the output
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-SCHEMES = ("bf16", "int8", "int4")  # bf16 = the model's own dtype, nothing quantized
+SCHEMES = ("bf16", "int8", "int4", "w8a8")  # bf16 = the model's own dtype, nothing quantized
 GROUP = 32  # int4 input channels per scale/zero pair (the kernel takes 32, 64, 128, 256; see module doc)
 KERNEL_DTYPE = torch.bfloat16  # the activation dtype the CPU kernels are vectorized for (module docstring)
 DECODE_ROWS = 4  # forwards of at most this many tokens use the fused kernel (decode); more: dequantize
@@ -44,7 +57,14 @@ CLIP_STEPS = 20  # int4: ranges tried per group, from min-max down to (1 - CLIP_
 CLIP_SHRINK = 0.35
 FIT_ROUNDS = 2  # int4: least-squares fit / re-round alternations per tried range
 FIT_ROWS = 8192  # int4: output rows fitted at a time (bounds the float32 temporaries to ~30 MB each)
-PARTS = {"int8": (".qweight", ".scales"), "int4": (".nibbles", ".scale_zero")}  # saved tensors per layer
+PARTS = {  # saved tensors per layer format; w8a8 layers are built from int8's
+    "int8": (".qweight", ".scales"),
+    "int4": (".nibbles", ".scale_zero"),
+    "w8a8": (".qweight", ".scales"),
+}
+STORED = {"int8": "int8", "int4": "int4", "w8a8": "int8"}  # scheme -> the scheme whose cached tensors it reads
+FINGERPRINTED = (".qweight", ".scales", ".nibbles", ".scale_zero", ".qweight_ends")  # sampled buffers
+ENDS = 16  # W8A8Linear keeps this many int8 codes from each end of its weight (fingerprint.SAMPLES)
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,19 +184,21 @@ def dequantize_int4(nibbles: torch.Tensor, scale_zero: torch.Tensor, dtype: torc
 
 
 class QuantizedLinear(nn.Module):
-    """What the int8 and int4 layers share: a forward of at most `DECODE_ROWS` tokens runs the
-    layer's fused CPU kernel (`fused`) on `KERNEL_DTYPE` activations and widens the product back;
+    """What the quantized layers share: a forward of at most `DECODE_ROWS` tokens runs the
+    layer's fused CPU kernel (`fused`) on `kernel_dtype` activations and widens the product back;
     a longer one multiplies by the weight dequantized to the input's dtype (module docstring).
     Subclasses set ``in_features``, ``out_features`` and a ``bias`` buffer ([N] in the compute
     dtype, or None) and define `dequantized` and `fused`.
     """
+
+    kernel_dtype = KERNEL_DTYPE  # the activation dtype `fused` takes and returns
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """[N, K] weight in `dtype`."""
         raise NotImplementedError
 
     def fused(self, rows: torch.Tensor) -> torch.Tensor:
-        """[M, K] `KERNEL_DTYPE` rows -> [M, N] `KERNEL_DTYPE` product, no bias."""
+        """[M, K] `kernel_dtype` rows -> [M, N] `kernel_dtype` product, no bias."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -184,7 +206,7 @@ class QuantizedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)  # [M, K]
         if rows.shape[0] > DECODE_ROWS:
             return F.linear(x, self.dequantized(x.dtype), self.bias)
-        out = self.fused(rows.to(KERNEL_DTYPE)).to(x.dtype)  # [M, N]
+        out = self.fused(rows.to(self.kernel_dtype)).to(x.dtype)  # [M, N]
         if self.bias is not None:
             out = out + self.bias.to(x.dtype)
         return out.view(*x.shape[:-1], self.out_features)
@@ -246,6 +268,58 @@ class Int4Linear(QuantizedLinear):
         return torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, self.scale_zero)
 
 
+class W8A8Linear(QuantizedLinear):
+    """``nn.Linear`` with int8 weights whose decode product quantizes the token's activations too
+    (``w8a8`` in the module docstring): fbgemm's dynamic int8 linear on float32 activations, each
+    row quantized to 7-bit unsigned codes with its own scale and zero point, accumulated in int32 and
+    rescaled by the row's and the output channel's scales.
+
+    The weight is held once, in fbgemm's packed layout (``packed``, built at load from int8's codes
+    and scales); prefill unpacks and dequantizes it, the same values `Int8Linear` dequantizes.
+    Buffers: ``scales`` [N] in `KERNEL_DTYPE` (int8's), ``qweight_ends`` [2 · ENDS] int8 (the first
+    and last codes of the weight, so the model's fingerprint tells it from other formats), ``bias``
+    [N] (compute dtype) or None. Input [..., K] -> output [..., N] in the input's dtype.
+
+    Raises:
+        RuntimeError: this torch build has no fbgemm quantized engine (`w8a8_available`).
+    """
+
+    kernel_dtype = torch.float32  # fbgemm quantizes float32 activations itself
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        if not w8a8_available():
+            raise RuntimeError("w8a8 needs torch's fbgemm quantized engine, absent from this torch build")
+        self.out_features, self.in_features = qweight.shape
+        scales = scales.to(KERNEL_DTYPE)  # int8's scale values, so prefill matches `Int8Linear` exactly
+        flat = qweight.reshape(-1)
+        self.register_buffer("scales", scales)
+        self.register_buffer("qweight_ends", torch.cat([flat[:ENDS], flat[-ENDS:]]).clone())
+        self.register_buffer("bias", None if bias is None else bias.to(dtype))
+        with warnings.catch_warnings():  # torch marks quantized tensors deprecated; the pinned 2.13 has them
+            warnings.simplefilter("ignore")
+            codes = torch._make_per_channel_quantized_tensor(
+                qweight.contiguous(), scales.double(), torch.zeros(self.out_features, dtype=torch.long), 0
+            )
+            self.packed = torch.ops.quantized.linear_prepack(codes, None)
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """[N, K] weight in `dtype` (codes times scales, exact in float32)."""
+        return torch.ops.quantized.linear_unpack(self.packed)[0].dequantize().to(dtype)
+
+    def fused(self, rows: torch.Tensor) -> torch.Tensor:
+        """[M, K] float32 rows -> [M, N] float32 product, no bias (each row quantized on its own)."""
+        if rows.shape[0] == 1:
+            return torch.ops.quantized.linear_dynamic(rows, self.packed, True)
+        # fbgemm takes one scale for the whole input: rows one at a time keep the per-token scale
+        return torch.cat([torch.ops.quantized.linear_dynamic(r, self.packed, True) for r in rows.split(1)])
+
+
+def w8a8_available() -> bool:
+    """Whether this torch build has the fbgemm engine `W8A8Linear` runs on (x86 CPU builds do)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
 def fits_int4(out_features: int, in_features: int) -> bool:
     """Whether int4's kernel takes a linear layer of that size: the output size a multiple of 16
     and the input size a multiple of `GROUP`."""
@@ -255,7 +329,9 @@ def fits_int4(out_features: int, in_features: int) -> bool:
 def layer_formats(model: nn.Module, scheme: str) -> dict[str, str]:
     """Each ``nn.Linear`` of `model` that `scheme` replaces -> the format it takes, in module order.
 
-    ``int8``: every linear layer. ``int4``: int4 wherever its kernel fits (`fits_int4`), int8 for the
+    ``int8``: every linear layer. ``w8a8``: w8a8 for every linear layer but those reading the MLP's
+    gated product (``in_features`` = the config's ``intermediate_size``), which stay int8 (module
+    docstring). ``int4``: int4 wherever its kernel fits (`fits_int4`), int8 for the
     others and for the output head (``get_output_embeddings``): the head decides every token's
     logits, and the 4-bit GGUF files keep it in 8 bits (Q8_0 in the default model's). On the
     default model the head in int8 instead of int4 lowered the perplexity of CPython's LICENSE.txt
@@ -267,11 +343,17 @@ def layer_formats(model: nn.Module, scheme: str) -> dict[str, str]:
     if scheme not in SCHEMES[1:]:
         raise ValueError(f"unknown weight scheme {scheme!r}; choose one of {', '.join(SCHEMES[1:])}")
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    gated = getattr(getattr(model, "config", None), "intermediate_size", None)
     formats = {}
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear):
-            small = scheme == "int4" and m is not head and fits_int4(m.out_features, m.in_features)
-            formats[name] = "int4" if small else "int8"
+            if scheme == "int4":
+                small = m is not head and fits_int4(m.out_features, m.in_features)
+                formats[name] = "int4" if small else "int8"
+            elif scheme == "w8a8":
+                formats[name] = "int8" if m.in_features == gated else "w8a8"
+            else:
+                formats[name] = "int8"
     return formats
 
 
@@ -284,7 +366,7 @@ def quantize_tensors(
     model: nn.Module, scheme: str, importance: dict[str, torch.Tensor] | None = None
 ) -> dict[str, torch.Tensor]:
     """Quantize every linear layer's weight of `model` into flat tensors (what is saved), each in
-    its `layer_formats` format.
+    its `layer_formats` format (w8a8 layers save int8's tensors).
 
     Args:
         importance: {layer name: [K] input-channel importance} for the int4 fit
@@ -300,7 +382,7 @@ def quantize_tensors(
     out: dict[str, torch.Tensor] = {}
     for name, fmt in layer_formats(model, scheme).items():
         weight = model.get_submodule(name).weight.detach()
-        if fmt == "int8":
+        if fmt in ("int8", "w8a8"):
             out[f"{name}.qweight"], out[f"{name}.scales"] = quantize_int8(weight)
         else:
             weights = (importance or {}).get(name)
@@ -321,6 +403,8 @@ def apply_tensors(model: nn.Module, scheme: str, tensors: dict[str, torch.Tensor
         dtype, bias = linear.weight.dtype, linear.bias
         if fmt == "int8":
             module = Int8Linear(tensors[f"{name}.qweight"], tensors[f"{name}.scales"], bias, dtype)
+        elif fmt == "w8a8":
+            module = W8A8Linear(tensors[f"{name}.qweight"], tensors[f"{name}.scales"], bias, dtype)
         else:
             module = Int4Linear(tensors[f"{name}.nibbles"], tensors[f"{name}.scale_zero"], bias, dtype)
         parent, _, child = name.rpartition(".")

@@ -21,18 +21,19 @@ from cake_cli.errors import CakeError, first_line
 from cake_cli.files import write_atomic
 from cake_cli.models.calibration import calibration_text, input_importance
 from cake_cli.models.fingerprint import fingerprint
-from cake_cli.models.quantize import GROUP, apply_tensors, layer_formats, quantize_tensors, tensor_names
+from cake_cli.models.quantize import GROUP, STORED, apply_tensors, layer_formats, quantize_tensors, tensor_names
 from cake_cli.paths import models_dir
 
 FORMAT = "2"  # bump when the saved layout or the quantizer changes (2: int4 fitted, its output head int8)
 
 
 def cache_file(checkpoint: Path | None, scheme: str, key: str) -> Path:
-    """Where the `scheme` weights of the model with fingerprint `key` are cached (see module doc)."""
+    """Where the `scheme` weights of the model with fingerprint `key` are cached (see module doc); a
+    scheme built from another's tensors (w8a8 from int8's, `quantize.STORED`) shares its file."""
     home = models_dir().resolve()
     inside = checkpoint is not None and checkpoint.resolve().is_relative_to(home)
     folder = checkpoint / "cake-weights" if inside else home / "weights"
-    return folder / f"{scheme}-g{GROUP}-{key}.safetensors"
+    return folder / f"{STORED.get(scheme, scheme)}-g{GROUP}-{key}.safetensors"
 
 
 def _importance(model, tokenizer, scheme: str) -> dict | None:
@@ -42,7 +43,7 @@ def _importance(model, tokenizer, scheme: str) -> dict | None:
 
 
 def _metadata(scheme: str, key: str) -> dict[str, str]:
-    return {"scheme": scheme, "group": str(GROUP), "fingerprint": key, "format": FORMAT}
+    return {"scheme": STORED.get(scheme, scheme), "group": str(GROUP), "fingerprint": key, "format": FORMAT}
 
 
 def read_cached(path: Path, scheme: str, key: str, formats: dict[str, str]) -> dict | None:
@@ -64,7 +65,7 @@ def read_cached(path: Path, scheme: str, key: str, formats: dict[str, str]) -> d
 
 
 def quantize_cached(model, tokenizer, checkpoint: Path | None, scheme: str, progress=None) -> tuple[Path, bool, float]:
-    """Replace `model`'s linear layers by their `scheme` (int8 | int4) versions, from the cache when it
+    """Replace `model`'s linear layers by their `scheme` (int8 | int4 | w8a8) versions, from the cache when it
     holds them, else quantized now and saved.
 
     Args:
@@ -85,7 +86,7 @@ def quantize_cached(model, tokenizer, checkpoint: Path | None, scheme: str, prog
     hit = tensors is not None
     if tensors is None:
         if progress:
-            progress(f"quantizing the linear layers to {scheme} once, cached in {path.parent}")
+            progress(f"quantizing the linear layers to {STORED.get(scheme, scheme)} once, cached in {path.parent}")
         tensors = quantize_tensors(model, scheme, _importance(model, tokenizer, scheme))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,7 @@ class TaskRequest:
     window: int | None = None
     decode_policy: str = "fixed"
     dtype: str = "auto"
-    weights: str | None = None  # auto | bf16 | int8 | int4 (`models.weights`); None: bf16 (the CLI passes auto)
+    weights: str | None = None  # auto | bf16 | int8 | int4 | w8a8 (`models.weights`); None: bf16 (the CLI passes auto)
     attention: str = "auto"  # auto | eager | sdpa | flash_attention_2
     device_map: str | None = None
     max_new_tokens: int | None = None

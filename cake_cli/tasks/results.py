@@ -128,7 +128,7 @@ class PrefillSummary:
     device: str
     dtype: str
     dtype_reason: str  # why this dtype (`models.dtypes.auto_dtype`, or "asked for")
-    weights: str  # linear layers: bf16 | int8 | int4 (`models.weights`)
+    weights: str  # linear layers: bf16 | int8 | int4 | w8a8 (`models.weights`)
     weights_reason: str  # why (`models.weights.auto_weights`, or "asked for")
     attention: str
     prompt_tokens: int

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from cake_cli.models.quantize import w8a8_available
 from tests.helpers.cli import TINY, flat, invoke, one_error_line
 from tests.helpers.texts import license_text
 
@@ -30,6 +31,19 @@ def test_int8_weights_are_reported_and_cached_once(doc, cli_env):
     assert "int8 weights read from" in again.stderr
     assert "weights int8 linear layers · asked for (--weights)" in flat(again.stderr)
     assert list(cli_env.rglob("int8-*.safetensors")) == cached
+
+
+@pytest.mark.skipif(not w8a8_available(), reason="torch built without the fbgemm engine")
+def test_w8a8_is_reported_and_built_from_int8s_cache(doc, cli_env):
+    first = invoke("summarize", doc, *TINY, "-b", "64", "-n", "6", "--weights", "int8")
+    assert first.exit_code == 0, first.stderr
+    cached = list(cli_env.rglob("*.safetensors"))
+    result = invoke("summarize", doc, *TINY, "-b", "64", "-n", "6", "--weights", "W8A8", "--json")
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["weights"], data["weights_reason"]) == ("w8a8", "asked for (--weights)")
+    assert "w8a8 weights read from" in result.stderr and "int8-g" in flat(result.stderr)
+    assert list(cli_env.rglob("*.safetensors")) == cached  # no second quantization, no second file
 
 
 def test_auto_keeps_a_tiny_model_in_its_dtype_and_says_why(doc):

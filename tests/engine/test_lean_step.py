@@ -11,7 +11,7 @@ import cake_cli.engine.lean_step as lean_step
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import generate
-from cake_cli.models.quantize import quantize_model
+from cake_cli.models.quantize import quantize_model, w8a8_available
 from tests.helpers.models import tiny_family
 
 CONFIGS = {
@@ -34,7 +34,14 @@ def _run(model, ids, config, lean: bool, monkeypatch) -> tuple:
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
-@pytest.mark.parametrize("weights", ["plain", "int8"])
+@pytest.mark.parametrize(
+    "weights",
+    [
+        "plain",
+        "int8",
+        pytest.param("w8a8", marks=pytest.mark.skipif(not w8a8_available(), reason="torch built without fbgemm")),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 def test_lean_steps_equal_the_models_forward(arch, dtype, weights, config, monkeypatch):
@@ -44,8 +51,8 @@ def test_lean_steps_equal_the_models_forward(arch, dtype, weights, config, monke
         for module in model.modules():
             if type(module).__name__ in lean_step.NORMS:
                 module.weight.normal_(1.0, 0.3, generator=g)
-    if weights == "int8":
-        quantize_model(model, "int8")
+    if weights != "plain":
+        quantize_model(model, weights)
     use_cake_attention(model, "sdpa")
     ids = torch.randint(3, 97, (1, 60), generator=torch.Generator().manual_seed(5))
     tokens, logits, steps = _run(model, ids, CONFIGS[config], True, monkeypatch)

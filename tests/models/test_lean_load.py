@@ -44,7 +44,13 @@ def _as_float32(d):
 
 @pytest.mark.parametrize(
     "arch,scheme,tied",
-    [("llama", "int8", False), ("qwen2", "int8", True), ("qwen2", "int4", False), ("llama", "int4", True)],
+    [
+        ("llama", "int8", False),
+        ("qwen2", "int8", True),
+        ("qwen2", "int4", False),
+        ("llama", "int4", True),
+        ("qwen2", "w8a8", False),
+    ],
 )
 def test_lean_load_builds_the_model_the_full_load_builds(tmp_path, monkeypatch, arch, scheme, tied):
     d = _as_float32(save_tiny_model(tmp_path / "m", arch=arch, hidden=64, tie_word_embeddings=tied))
@@ -55,7 +61,7 @@ def test_lean_load_builds_the_model_the_full_load_builds(tmp_path, monkeypatch, 
     monkeypatch.setattr(loader, "_load_dir", lambda *a: pytest.fail("the float checkpoint was loaded"))
     lean = load_model(str(d), dtype="bfloat16", weights=scheme, progress=messages.append)
     assert any(f"{scheme} weights read from" in m for m in messages)
-    linear = Int8Linear if scheme == "int8" else Int4Linear
+    linear = Int4Linear if scheme == "int4" else Int8Linear  # w8a8 keeps the down projection int8
     assert isinstance(lean.model.model.layers[0].mlp.down_proj, linear)
     a, b = _state(full.model), _state(lean.model)
     assert a.keys() == b.keys()

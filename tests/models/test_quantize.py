@@ -1,5 +1,6 @@
-"""Weight-only int8/int4 linear layers against a slow dequantize-then-matmul reference, a tiny model's
-logits under quantized weights, and the on-disk cache (safetensors, keyed by content and scheme)."""
+"""Weight-only int8/int4 linear layers against a slow dequantize-then-matmul reference, w8a8 against a
+slow per-token activation quantization, a tiny model's logits under quantized weights, and the on-disk
+cache (safetensors, keyed by content and scheme)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from cake_cli.models.quantize import (
     KERNEL_DTYPE,
     Int4Linear,
     Int8Linear,
+    W8A8Linear,
     dequantize_int4,
     layer_formats,
     quantize_int4,
     quantize_int8,
     quantize_model,
+    w8a8_available,
 )
 from cake_cli.models.weight_cache import quantize_cached
 from cake_cli.models.weights import AUTO_MIN_BYTES, auto_weights, check_weights
@@ -44,6 +47,66 @@ def _reference_int4(nibbles, scale_zero, x, bias):
         g = k // (k_in // scale_zero.shape[0])
         w[:, k] = (q.double() - 8) * sz[g, :, 0] + sz[g, :, 1]
     return x.double() @ w.t() + bias.double()
+
+
+def _reference_w8a8(q, scales, x, bias):
+    """Per-token dynamic quantization, one row at a time in float64: the row's range widened to hold
+    0, split into 127 steps (7-bit codes, fbgemm's reduce_range), zero point the code of 0, codes
+    rounded and clamped to [0, 127]; then sum_k (code_k - zero) · q[n, k] · step · s[n] + b[n].
+
+    Returns (out [M, N] float64, step [M]: each row's activation step)."""
+    s_w = scales.to(KERNEL_DTYPE).double()  # kept in bf16, as int8's
+    outs, steps = [], []
+    for row in x.double():
+        low, high = min(row.min().item(), 0.0), max(row.max().item(), 0.0)
+        step = (high - low) / 127
+        zero = min(max(round(-low / step), 0), 127)
+        codes = torch.clamp(torch.round(row / step) + zero, 0, 127)
+        outs.append(step * ((codes - zero) @ q.double().t()) * s_w)
+        steps.append(step)
+    return torch.stack(outs) + bias.double(), torch.tensor(steps, dtype=torch.float64)
+
+
+needs_fbgemm = pytest.mark.skipif(not w8a8_available(), reason="torch built without the fbgemm engine")
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_w8a8_decode_quantizes_each_token_on_its_own(dtype, rows, seed):
+    """Rows of very different ranges (x100, shifted): one scale for the whole input would miss the
+    reference by ~100 activation steps; per token it agrees to float rounding."""
+    g = torch.Generator().manual_seed(seed)
+    weight, bias = torch.randn(48, 96, generator=g) * 0.1, torch.randn(48, generator=g)
+    x = torch.randn(rows, 96, generator=g)
+    if rows == 3:
+        x[1] *= 100
+        x[2] += 0.5
+    x = x.to(dtype)
+    q, s = quantize_int8(weight)
+    out = W8A8Linear(q, s, bias, dtype)(x.unsqueeze(0))  # [1, M, N]
+    ref, step = _reference_w8a8(q, s, x, bias.to(dtype))
+    assert out.shape == (1, rows, 48) and out.dtype == dtype
+    one_code = step * (q.double().abs().max() * s.to(KERNEL_DTYPE).double().max())  # [M]: one code's worth
+    # bf16: the product, then the sum with the bias, each rounded to bf16 (2^-9 of values up to the
+    # row's largest product, which the bias can exceed the output by)
+    rounding = 0 if dtype == torch.float32 else 2**-7 * ref.abs().amax(1)
+    err = (out[0].double() - ref).abs().amax(1)
+    assert (err <= 0.01 * one_code + rounding).all(), (err, one_code)
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_prefill_multiplies_int8s_weight_exactly(dtype):
+    """Prefill dequantizes the packed weight: the same values, and so the same KV cache, as int8's."""
+    g = torch.Generator().manual_seed(4)
+    weight, bias = torch.randn(40, 64, generator=g), torch.randn(40, generator=g)
+    x = torch.randn(DECODE_ROWS + 5, 64, generator=g).to(dtype)
+    parts = quantize_int8(weight)
+    w8a8, int8 = W8A8Linear(*parts, bias, dtype), Int8Linear(*parts, bias, dtype)
+    assert torch.equal(w8a8.dequantized(dtype), int8.dequantized(dtype))
+    assert torch.equal(w8a8(x), int8(x))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -145,7 +208,8 @@ def test_int4_refuses_a_size_not_a_multiple_of_the_group():
 def test_tiny_model_logits_stay_close_to_float(scheme, bound):
     """Bound: max |logit difference| / std(float logits) over 12 positions of a tiny random model
     with sharpened q/k (int8: 15%, int4: 100%; measured at most 7% and 63% over seeds 0-2: 4-bit groups of 32
-    on 64-wide random layers; the real model's perplexity is the quality check, benchmarks/runs)."""
+    on 64-wide random layers; the real model's perplexity is the quality check, benchmarks/runs).
+    w8a8's prefill is int8's exactly (`test_w8a8_prefill_multiplies_int8s_weight_exactly`)."""
     ids = torch.randint(0, 97, (1, 12), generator=torch.Generator().manual_seed(0))
     model = tiny_llama()
     with torch.no_grad():
@@ -186,21 +250,52 @@ def test_fingerprint_tells_the_weight_formats_apart():
 
     tokenizer = build_tiny_tokenizer()
     prints = set()
-    for scheme in ("bf16", "int8", "int4"):
+    schemes = ("bf16", "int8", "int4", "w8a8") if w8a8_available() else ("bf16", "int8", "int4")
+    for scheme in schemes:
         model = tiny_llama()
         quantize_model(model, scheme)
         prints.add(fingerprint(model, tokenizer))
-    assert len(prints) == 3
+    assert len(prints) == len(schemes)
     assert fingerprint(tiny_llama(), tokenizer) in prints  # bf16: the fingerprint as before
+
+
+@needs_fbgemm
+def test_w8a8_reads_int8s_cache_and_keeps_the_down_projection_int8(tmp_path, monkeypatch):
+    """w8a8 is built from int8's cached tensors (one file, one quantization); the layers reading the
+    MLP's gated product (in_features = intermediate_size) stay weight-only int8."""
+    monkeypatch.setenv("CAKE_HOME", str(tmp_path))
+    tokenizer = build_tiny_tokenizer()
+    path, hit, _ = quantize_cached(tiny_llama(), tokenizer, None, "int8")
+    model = tiny_llama()
+    again, hit, _ = quantize_cached(model, tokenizer, None, "w8a8")
+    assert hit and again == path
+    layer = model.model.layers[0]
+    assert isinstance(layer.mlp.down_proj, Int8Linear) and not isinstance(layer.mlp.down_proj, W8A8Linear)
+    assert all(isinstance(m, W8A8Linear) for m in (layer.self_attn.q_proj, layer.mlp.up_proj, model.lm_head))
+    formats = layer_formats(tiny_llama(), "w8a8")
+    assert [n for n, f in formats.items() if f == "int8"] == [f"model.layers.{i}.mlp.down_proj" for i in range(4)]
+    ids = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = tiny_llama()(ids).logits[0, -1]
+        out = model(ids[:, :-1], use_cache=True)  # prefill: int8's weights; then one decode step
+        last = model(ids[:, -1:], cache=out.past_key_values).logits[0, -1]
+    assert (last - ref).abs().max() / ref.std() < 0.15  # as int8's bound in the logits test above
 
 
 def test_weights_names_and_auto_rule():
     assert check_weights(" INT8 ") == "int8"
+    assert check_weights("W8A8") == "w8a8"
     with pytest.raises(UsageError, match="unknown weight format 'int3'"):
         check_weights("int3")
     assert auto_weights(False, AUTO_MIN_BYTES)[0] == "int8"
     assert auto_weights(False, AUTO_MIN_BYTES - 1)[0] == "bf16"
     assert auto_weights(True, 10 * AUTO_MIN_BYTES)[0] == "bf16"
+    # a float32 model on CPU takes w8a8 where torch has its engine; a bf16 one keeps int8 (module doc)
+    assert auto_weights(False, AUTO_MIN_BYTES, float32=True, w8a8=True)[0] == "w8a8"
+    assert auto_weights(False, AUTO_MIN_BYTES, float32=True, w8a8=False)[0] == "int8"
+    assert auto_weights(False, AUTO_MIN_BYTES, float32=False, w8a8=True)[0] == "int8"
+    assert auto_weights(False, AUTO_MIN_BYTES - 1, float32=True, w8a8=True)[0] == "bf16"
+    assert auto_weights(True, 10 * AUTO_MIN_BYTES, float32=True, w8a8=True)[0] == "bf16"
 
 
 def test_int4_takes_every_layer_its_kernel_fits_and_int8_for_the_output_head():
@@ -210,3 +305,14 @@ def test_int4_takes_every_layer_its_kernel_fits_and_int8_for_the_output_head():
     assert set(layer_formats(model, "int8").values()) == {"int8"}
     with pytest.raises(ValueError, match="unknown weight scheme 'int3'"):
         layer_formats(model, "int3")
+
+
+def test_w8a8_without_fbgemm_is_refused_before_loading(monkeypatch):
+    from cake_cli.errors import CakeError
+    from cake_cli.models import loader
+
+    monkeypatch.setattr(loader, "w8a8_available", lambda: False)
+    monkeypatch.setattr(loader, "resolve_model", lambda *a: pytest.fail("the model was resolved"))
+    with pytest.raises(CakeError, match="fbgemm") as e:
+        loader.load_model("any-model", weights="w8a8")
+    assert e.value.hint == "use --weights int8"

@@ -135,7 +135,8 @@ Weights = Annotated[
     typer.Option(
         "--weights",
         metavar="FORMAT",
-        help="Linear-layer weights: auto (int8 on CPU for a model over 64 MiB of them, else the --dtype), "
+        help="Linear-layer weights: auto (on CPU for a model over 64 MiB of them int8, w8a8 for a float32 "
+        "model; else the --dtype), "
         "bf16 (the --dtype), int8 or int4 (weight-only quantized, CPU; quantized once and cached under "
         "CAKE_HOME), w8a8 (int8 weights, decode activations quantized per token too; faster, x86 CPU). "
         "The report says which and why.",

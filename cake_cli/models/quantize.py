@@ -343,7 +343,9 @@ def layer_formats(model: nn.Module, scheme: str) -> dict[str, str]:
     if scheme not in SCHEMES[1:]:
         raise ValueError(f"unknown weight scheme {scheme!r}; choose one of {', '.join(SCHEMES[1:])}")
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    gated = getattr(getattr(model, "config", None), "intermediate_size", None)
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config  # multimodal: the LM's
+    gated = getattr(text, "intermediate_size", None)
     formats = {}
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear):

@@ -63,7 +63,7 @@ def auto_weights(on_cuda: bool, linear_bytes: int, float32: bool = False, w8a8: 
         return "bf16", f"auto: {linear_bytes / 2**20:.0f} MiB of linear weights fit the CPU caches"
     if float32 and w8a8:
         return "w8a8", (
-            "auto: a float32 model on CPU; int8 weights with per-token int8 activations decoded 1.2-1.6x int8's speed, "
-            "quality within 1 point of bf16"
+            "auto: a float32 model on CPU; int8 weights with per-token 7-bit activations decoded 1.2-1.6x "
+            "int8's speed, quality within 1 point of bf16"
         )
     return "int8", "auto: int8 linear layers decode 1.6-3.5x faster than unquantized on CPU, perplexity within 0.1%"

@@ -375,6 +375,7 @@ def test_other_model_weights(cake, cli_env):
     rewrite_meta(path, cli_env / "other.cake", fingerprint="0" * 32)
     line = one_error_line(invoke("qa", cli_env / "other.cake", "Who?", "--quiet"), 1, "other weights")
     assert line.endswith(f"-o {cli_env / 'other.cake'}"), "the remake command replaces the file where it is"
+    assert "answer with the --weights it was compressed with" in line  # e.g. int8 before auto chose w8a8
 
 
 def test_model_not_matching_the_file(cake):

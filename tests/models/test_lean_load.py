@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from cake_cli.models import lean_load, loader
+from cake_cli.models import lean_load, loader, weights
 from cake_cli.models.fingerprint import fingerprint
 from cake_cli.models.loader import load_model
-from cake_cli.models.quantize import Int4Linear, Int8Linear
+from cake_cli.models.quantize import Int4Linear, Int8Linear, W8A8Linear, w8a8_available
 from tests.helpers.tiny import save_tiny_model
 
 
@@ -49,7 +49,9 @@ def _as_float32(d):
         ("qwen2", "int8", True),
         ("qwen2", "int4", False),
         ("llama", "int4", True),
-        ("qwen2", "w8a8", False),
+        pytest.param(
+            "qwen2", "w8a8", False, marks=pytest.mark.skipif(not w8a8_available(), reason="torch without fbgemm")
+        ),
     ],
 )
 def test_lean_load_builds_the_model_the_full_load_builds(tmp_path, monkeypatch, arch, scheme, tied):
@@ -72,6 +74,24 @@ def test_lean_load_builds_the_model_the_full_load_builds(tmp_path, monkeypatch, 
     ids = torch.randint(3, 400, (1, 9), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(_logits(lean, ids), _logits(full, ids), rtol=0, atol=0)
     assert lean.model.generation_config.eos_token_id == full.model.generation_config.eos_token_id
+
+
+@pytest.mark.skipif(not w8a8_available(), reason="torch built without the fbgemm engine")
+@pytest.mark.parametrize("dtype,expected", [("float32", "w8a8"), ("bfloat16", "int8")])
+def test_auto_picks_by_the_models_dtype_on_both_loads(tmp_path, monkeypatch, dtype, expected):
+    """`--weights auto` on CPU: a float32 model takes w8a8, a bf16 one int8 (`weights.auto_weights`),
+    decided the same on the first load (which quantizes) and the lean one (from the empty model)."""
+    monkeypatch.setattr(weights, "AUTO_MIN_BYTES", 0)  # the tiny model counts as large
+    d = _as_float32(save_tiny_model(tmp_path / "m", arch="qwen2", hidden=64))
+    first = load_model(str(d), dtype=dtype, weights="auto")
+    monkeypatch.setattr(loader, "_load_dir", lambda *a: pytest.fail("the float checkpoint was loaded"))
+    lean = load_model(str(d), dtype=dtype, weights="auto")
+    for lm in (first, lean):
+        assert lm.weights == expected and lm.weights_reason.startswith(
+            f"auto: {'a float32' if expected == 'w8a8' else 'int8'}"
+        )
+        q_proj = lm.model.model.layers[0].self_attn.q_proj
+        assert type(q_proj) is (W8A8Linear if expected == "w8a8" else Int8Linear)
 
 
 def test_fingerprint_from_the_file_equals_the_loaded_models(tmp_path):

@@ -193,7 +193,10 @@ def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compress
     start = time.perf_counter()
     again = f"compress the document again with this model: cake compress {meta.source} -o {saved.path}"
     if fingerprint(loaded.model, loaded.tokenizer) != meta.fingerprint:
-        raise CakeError(f"{saved.name} was made with other weights or another tokenizer than {loaded.name}", again)
+        raise CakeError(
+            f"{saved.name} was made with other weights or another tokenizer than {loaded.name}",
+            "answer with the --weights it was compressed with, or " + again,
+        )
     try:
         tensors = load_tensors(saved.path.read_bytes())
         windows = attention_layout(config).windows

@@ -57,12 +57,9 @@ CLIP_STEPS = 20  # int4: ranges tried per group, from min-max down to (1 - CLIP_
 CLIP_SHRINK = 0.35
 FIT_ROUNDS = 2  # int4: least-squares fit / re-round alternations per tried range
 FIT_ROWS = 8192  # int4: output rows fitted at a time (bounds the float32 temporaries to ~30 MB each)
-PARTS = {  # saved tensors per layer format; w8a8 layers are built from int8's
-    "int8": (".qweight", ".scales"),
-    "int4": (".nibbles", ".scale_zero"),
-    "w8a8": (".qweight", ".scales"),
-}
 STORED = {"int8": "int8", "int4": "int4", "w8a8": "int8"}  # scheme -> the scheme whose cached tensors it reads
+_SAVED = {"int8": (".qweight", ".scales"), "int4": (".nibbles", ".scale_zero")}
+PARTS = {scheme: _SAVED[stored] for scheme, stored in STORED.items()}  # saved tensors per layer format
 FINGERPRINTED = (".qweight", ".scales", ".nibbles", ".scale_zero", ".qweight_ends")  # sampled buffers
 ENDS = 16  # W8A8Linear keeps this many int8 codes from each end of its weight (fingerprint.SAMPLES)
 
@@ -294,7 +291,7 @@ class W8A8Linear(QuantizedLinear):
         scales = scales.to(KERNEL_DTYPE)  # int8's scale values, so prefill matches `Int8Linear` exactly
         flat = qweight.reshape(-1)
         self.register_buffer("scales", scales)
-        self.register_buffer("qweight_ends", torch.cat([flat[:ENDS], flat[-ENDS:]]).clone())
+        self.register_buffer("qweight_ends", torch.cat([flat[:ENDS], flat[-ENDS:]]))
         self.register_buffer("bias", None if bias is None else bias.to(dtype))
         with warnings.catch_warnings():  # torch marks quantized tensors deprecated; the pinned 2.13 has them
             warnings.simplefilter("ignore")

@@ -32,6 +32,7 @@ from cake_cli.models.checkpoints import embedded_of_dir
 from cake_cli.models.dtypes import auto_dtype, check_dtype, cpu_bf16_flags
 from cake_cli.models.embedded import EMBEDDED_MODELS, match_gguf
 from cake_cli.models.heap import release_freed_memory
+from cake_cli.models.mlp_rows import bound_mlp_rows
 from cake_cli.models.profiles import Profile, check_model_spec, embedded_profile, model_spec
 from cake_cli.models.quantize import w8a8_available
 from cake_cli.models.support import check_architecture, check_loaded
@@ -150,6 +151,7 @@ def load_model(
         path, hit, seconds = quantize_cached(model, tokenizer, source.path, scheme, progress)
         if progress:
             progress(f"{scheme} weights {'read from' if hit else 'saved to'} {path} ({seconds:.1f} s)")
+    bound_mlp_rows(model)  # a long prompt's MLP intermediates in blocks of rows (`models.mlp_rows`)
     release_freed_memory()  # the load's converted and replaced tensors, otherwise resident (`models.heap`)
     return LoadedModel(
         model=model,

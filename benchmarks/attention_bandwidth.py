@@ -33,6 +33,7 @@ import torch
 
 
 def main() -> None:
+    """Parse the arguments, time every case in turn, print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8192, help="cached tokens per layer (n)")
     parser.add_argument("--layers", type=int, default=24)

@@ -25,6 +25,7 @@ from cake_cli.tasks.threads import choose
 
 
 def main() -> None:
+    """Parse the arguments, run one memory child per length, print its line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None)
     parser.add_argument("--lengths", default="31000", help="document lengths (tokens), comma-separated")
@@ -40,7 +41,7 @@ def main() -> None:
     config = configs_for(args.model, None, [args.budget])[args.budget]
     threads = choose(None)
     name = loaded.profile.name if loaded.profile else loaded.name
-    del loaded  # the parent's copy of the model plays no part in the child's memory
+    del loaded  # loaded only to resolve what the CLI would (dtype, weights, name, tokens); the child loads its own
     for n in (int(x) for x in args.lengths.split(",")):
         run = ChildRun(
             "cake", args.model, dtype, args.weights, "auto", asdict(config), args.new_tokens,

@@ -4,6 +4,7 @@ forward, never more than `rows` tokens through a projection at once, on every su
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -11,13 +12,15 @@ from torch import nn
 
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
+from cake_cli.engine.families import FAMILIES
 from cake_cli.engine.generate import prefill
 from cake_cli.models.loader import load_model
-from cake_cli.models.mlp_rows import ROWS, bound_mlp_rows, dense_mlps
+from cake_cli.models.mlp_rows import ROWS, block_bounds, bound_mlp_rows, dense_mlps
+from cake_cli.models.quantize import DECODE_ROWS, quantize_model, w8a8_available
 from tests.helpers.models import tiny_family, tiny_llama
 from tests.helpers.tiny import save_tiny_model
 
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"]
+SCHEMES = ["int8", "int4", "w8a8"] if w8a8_available() else ["int8", "int4"]
 
 
 def unbounded(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -25,11 +28,11 @@ def unbounded(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return type(mlp).forward(mlp, x)
 
 
-@pytest.mark.parametrize("arch", FAMILIES)
-@pytest.mark.parametrize("tokens", [1, 7, 8, 9, 37])
+@pytest.mark.parametrize("arch", list(FAMILIES))
+@pytest.mark.parametrize("tokens", [1, 7, 10, 11, 37])
 def test_blocks_give_the_class_forward_on_random_rows(arch, tokens):
     model = tiny_family(arch, layers=2)
-    assert bound_mlp_rows(model, rows=8) == 2
+    assert bound_mlp_rows(model, rows=10) == 2, "every family's MLP class is in DENSE_MLPS"
     g = torch.Generator().manual_seed(tokens)
     for mlp in dense_mlps(model):
         x = torch.randn(1, tokens, model.config.hidden_size, generator=g) * 3
@@ -37,19 +40,52 @@ def test_blocks_give_the_class_forward_on_random_rows(arch, tokens):
             got, want = mlp(x), unbounded(mlp, x)
         assert got.shape == want.shape == x.shape
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-        if tokens <= 8:  # one block: the class forward itself
+        if tokens <= 10:  # one block: the class forward itself
             assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("tokens", [17, 20, 33])
+def test_quantized_layers_keep_their_prefill_product_in_every_block(scheme, tokens):
+    """A tail of at most DECODE_ROWS tokens would take the decode kernel (other rounding): the
+    near-equal blocks never leave one, so blocked quantized outputs equal the class forward's."""
+    model = tiny_llama(layers=1)
+    quantize_model(model, scheme)
+    bound_mlp_rows(model, rows=16)
+    mlp = dense_mlps(model)[0]
+    x = torch.randn(2, tokens, model.config.hidden_size, generator=torch.Generator().manual_seed(tokens))
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), unbounded(mlp, x), atol=1e-6, rtol=1e-6)
+        flat = x[0]  # [T, D]: no batch dimension
+        torch.testing.assert_close(mlp(flat), unbounded(mlp, flat), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("tokens", range(1, 80))
+def test_blocks_cover_the_tokens_and_none_is_decode_sized(tokens):
+    rows = 2 * DECODE_ROWS + 1
+    bounds = block_bounds(tokens, rows)
+    assert bounds[0][0] == 0 and bounds[-1][1] == tokens
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    sizes = [end - start for start, end in bounds]
+    assert max(sizes) <= rows and max(sizes) - min(sizes) <= 1 and len(sizes) == -(-tokens // rows)
+    if tokens > rows:
+        assert min(sizes) > DECODE_ROWS
 
 
 def test_no_projection_sees_more_than_rows_tokens():
     model = tiny_llama(layers=2)
-    bound_mlp_rows(model, rows=5)
+    bound_mlp_rows(model, rows=10)
     seen: list[int] = []
     mlp = dense_mlps(model)[0]
     mlp.gate_proj.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[-2]))
     with torch.no_grad():
         mlp(torch.randn(1, 23, model.config.hidden_size))
-    assert seen == [5, 5, 5, 5, 3]
+    assert seen == [8, 8, 7]
+    bound_mlp_rows(model, rows=12)  # bounding again sets the new size
+    seen.clear()
+    with torch.no_grad():
+        mlp(torch.randn(1, 23, model.config.hidden_size))
+    assert seen == [12, 11]
 
 
 def test_a_cake_prefill_keeps_the_same_tokens_and_logits():
@@ -67,22 +103,25 @@ def test_a_cake_prefill_keeps_the_same_tokens_and_logits():
     for got, want in zip(blocks.cache.layers, whole.cache.layers):
         assert torch.equal(got.positions, want.positions)
         torch.testing.assert_close(got.keys, want.keys, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got.values, want.values, atol=1e-5, rtol=0)
     torch.testing.assert_close(blocks.logits, whole.logits, atol=1e-5, rtol=0)
 
 
-def test_a_deep_copy_runs_its_own_weights():
+@pytest.mark.parametrize("duplicate", [copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))])
+def test_a_copy_runs_its_own_weights_in_blocks(duplicate):
     model = tiny_llama(layers=1)
-    bound_mlp_rows(model, rows=4)
-    twin = copy.deepcopy(model)
+    bound_mlp_rows(model, rows=10)
+    twin = duplicate(model)
+    assert dense_mlps(twin)[0].forward.args[0] is dense_mlps(twin)[0]
     with torch.no_grad():
         dense_mlps(twin)[0].down_proj.weight.mul_(2)
-    x = torch.randn(1, 10, model.config.hidden_size)
+    x = torch.randn(1, 25, model.config.hidden_size)
     with torch.no_grad():
         mine, its = dense_mlps(model)[0](x), dense_mlps(twin)[0](x)
     torch.testing.assert_close(its, 2 * mine)
 
 
-class Experts(nn.Module):  # a mixture-of-experts block: not a dense MLP, left alone
+class GptOssMLP(nn.Module):  # named like a dense MLP, returns (hidden, router scores): not in DENSE_MLPS
     def forward(self, x):
         return x, None
 
@@ -95,17 +134,19 @@ class Block(nn.Module):
 
 def test_only_dense_mlps_without_a_device_hook_are_bounded():
     dense = tiny_llama(layers=1).model.layers[0].mlp
-    hooked = copy.deepcopy(dense)
+    hooked, offloaded = copy.deepcopy(dense), copy.deepcopy(dense)
     hooked._hf_hook = object()  # accelerate wraps this one's forward (a device map)
-    model = nn.ModuleList([Block(Experts()), Block(dense), Block(hooked)])
+    offloaded.gate_proj._hf_hook = object()  # an offload hook fetches this projection's weight per call
+    model = nn.ModuleList([Block(GptOssMLP()), Block(dense), Block(hooked), Block(offloaded)])
     assert dense_mlps(model) == [dense]
-    assert bound_mlp_rows(model) == 1 and dense.cake_mlp_rows == ROWS and "forward" not in vars(hooked)
-    with pytest.raises(ValueError, match="at least 1"):
-        bound_mlp_rows(model, rows=0)
+    assert bound_mlp_rows(model) == 1 and dense.cake_mlp_rows == ROWS
+    assert "forward" in vars(dense) and not {"forward"} & (vars(hooked).keys() | vars(offloaded).keys())
+    with pytest.raises(ValueError, match="more than 8"):
+        bound_mlp_rows(model, rows=2 * DECODE_ROWS)
 
 
 def test_the_loader_bounds_every_layer(tmp_path, monkeypatch):
     monkeypatch.setenv("CAKE_HOME", str(tmp_path / "home"))
     loaded = load_model(str(save_tiny_model(tmp_path / "tiny", layers=3)))
     mlps = dense_mlps(loaded.model)
-    assert len(mlps) == 3 and all(m.cake_mlp_rows == ROWS for m in mlps)
+    assert len(mlps) == 3 and all(m.cake_mlp_rows == ROWS and "forward" in vars(m) for m in mlps)

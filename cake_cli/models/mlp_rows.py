@@ -8,7 +8,7 @@ cascade keeps the cache near its budget). Running the MLP on blocks of at most `
 writing each block's output into one [..., n, D] tensor bounds them to ROWS × intermediate_size. A
 row's product does not read the other rows, so the outputs are the class forward's up to the
 kernels' blocking (tests/models/test_mlp_rows.py). The blocks are near-equal (n split into
-ceil(n / ROWS) parts, each over ROWS / 2 tokens), so none is short enough for a quantized layer's
+ceil(n / ROWS) parts, none under half of ROWS), so none is short enough for a quantized layer's
 decode kernel (`quantize.DECODE_ROWS`), which rounds activations differently from prefill's
 dequantized product. A CAKE run over 31,000 tokens (float32, w8a8, B = 256) peaked at 3,079 MiB of
 process memory against 4,614 MiB before, its prefill 570 s against 581 s
@@ -37,7 +37,7 @@ DENSE_MLPS = frozenset(
 
 def block_bounds(tokens: int, rows: int) -> list[tuple[int, int]]:
     """[start, end) of ceil(tokens / rows) near-equal blocks covering 0..tokens, each at most `rows`
-    long and, when tokens > rows, longer than rows / 2 (sizes differ by at most one)."""
+    long and, when tokens > rows, at least (rows + 1) // 2 long (sizes differ by at most one)."""
     count = -(-tokens // rows)
     size, extra = divmod(tokens, count)
     bounds, start = [], 0

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from cake_cli.models.quantize import w8a8_available
 from tests.helpers.cli import TINY, flat, invoke, one_error_line
+from tests.helpers.models import needs_fbgemm
 from tests.helpers.texts import license_text
 
 
@@ -33,7 +33,7 @@ def test_int8_weights_are_reported_and_cached_once(doc, cli_env):
     assert list(cli_env.rglob("int8-*.safetensors")) == cached
 
 
-@pytest.mark.skipif(not w8a8_available(), reason="torch built without the fbgemm engine")
+@needs_fbgemm
 def test_w8a8_is_reported_and_built_from_int8s_cache(doc, cli_env):
     first = invoke("summarize", doc, *TINY, "-b", "64", "-n", "6", "--weights", "int8")
     assert first.exit_code == 0, first.stderr

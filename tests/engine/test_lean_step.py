@@ -11,8 +11,8 @@ import cake_cli.engine.lean_step as lean_step
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import generate
-from cake_cli.models.quantize import quantize_model, w8a8_available
-from tests.helpers.models import tiny_family
+from cake_cli.models.quantize import quantize_model
+from tests.helpers.models import needs_fbgemm, tiny_family
 
 CONFIGS = {
     "full": None,
@@ -39,7 +39,7 @@ def _run(model, ids, config, lean: bool, monkeypatch) -> tuple:
     [
         "plain",
         "int8",
-        pytest.param("w8a8", marks=pytest.mark.skipif(not w8a8_available(), reason="torch built without fbgemm")),
+        pytest.param("w8a8", marks=needs_fbgemm),
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
+
+from cake_cli.models.quantize import SCHEMES, w8a8_available
+
+needs_fbgemm = pytest.mark.skipif(not w8a8_available(), reason="torch built without the fbgemm engine (w8a8)")
+TESTED_SCHEMES = tuple(s for s in SCHEMES if s != "w8a8" or w8a8_available())  # bf16 first, then the quantized
 
 
 def tiny_llama(layers: int = 4, heads: int = 8, kv_heads: int = 2, head_dim: int = 8, vocab: int = 97, seed: int = 0):

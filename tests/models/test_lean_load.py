@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 from cake_cli.models import lean_load, loader, weights
 from cake_cli.models.fingerprint import fingerprint
 from cake_cli.models.loader import load_model
-from cake_cli.models.quantize import Int4Linear, Int8Linear, W8A8Linear, w8a8_available
+from cake_cli.models.quantize import Int4Linear, Int8Linear, W8A8Linear
+from tests.helpers.models import needs_fbgemm
 from tests.helpers.tiny import save_tiny_model
 
 
@@ -49,9 +50,7 @@ def _as_float32(d):
         ("qwen2", "int8", True),
         ("qwen2", "int4", False),
         ("llama", "int4", True),
-        pytest.param(
-            "qwen2", "w8a8", False, marks=pytest.mark.skipif(not w8a8_available(), reason="torch without fbgemm")
-        ),
+        pytest.param("qwen2", "w8a8", False, marks=needs_fbgemm),
     ],
 )
 def test_lean_load_builds_the_model_the_full_load_builds(tmp_path, monkeypatch, arch, scheme, tied):
@@ -76,7 +75,7 @@ def test_lean_load_builds_the_model_the_full_load_builds(tmp_path, monkeypatch, 
     assert lean.model.generation_config.eos_token_id == full.model.generation_config.eos_token_id
 
 
-@pytest.mark.skipif(not w8a8_available(), reason="torch built without the fbgemm engine")
+@needs_fbgemm
 @pytest.mark.parametrize("dtype,expected", [("float32", "w8a8"), ("bfloat16", "int8")])
 def test_auto_picks_by_the_models_dtype_on_both_loads(tmp_path, monkeypatch, dtype, expected):
     """`--weights auto` on CPU: a float32 model takes w8a8, a bf16 one int8 (`weights.auto_weights`),

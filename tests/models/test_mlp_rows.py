@@ -16,11 +16,9 @@ from cake_cli.engine.families import FAMILIES
 from cake_cli.engine.generate import prefill
 from cake_cli.models.loader import load_model
 from cake_cli.models.mlp_rows import ROWS, block_bounds, bound_mlp_rows, dense_mlps
-from cake_cli.models.quantize import DECODE_ROWS, quantize_model, w8a8_available
-from tests.helpers.models import tiny_family, tiny_llama
+from cake_cli.models.quantize import DECODE_ROWS, quantize_model
+from tests.helpers.models import TESTED_SCHEMES, tiny_family, tiny_llama
 from tests.helpers.tiny import save_tiny_model
-
-SCHEMES = ["int8", "int4", "w8a8"] if w8a8_available() else ["int8", "int4"]
 
 
 def unbounded(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -44,7 +42,7 @@ def test_blocks_give_the_class_forward_on_random_rows(arch, tokens):
             assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("scheme", TESTED_SCHEMES[1:])
 @pytest.mark.parametrize("tokens", [17, 20, 33])
 def test_quantized_layers_keep_their_prefill_product_in_every_block(scheme, tokens):
     """A tail of at most DECODE_ROWS tokens would take the decode kernel (other rounding): the

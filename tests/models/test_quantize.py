@@ -21,11 +21,10 @@ from cake_cli.models.quantize import (
     quantize_int4,
     quantize_int8,
     quantize_model,
-    w8a8_available,
 )
 from cake_cli.models.weight_cache import quantize_cached
 from cake_cli.models.weights import AUTO_MIN_BYTES, auto_weights, check_weights
-from tests.helpers.models import tiny_llama
+from tests.helpers.models import TESTED_SCHEMES, needs_fbgemm, tiny_llama
 from tests.helpers.tiny import build_tiny_tokenizer
 
 
@@ -65,9 +64,6 @@ def _reference_w8a8(q, scales, x, bias):
         outs.append(step * ((codes - zero) @ q.double().t()) * s_w)
         steps.append(step)
     return torch.stack(outs) + bias.double(), torch.tensor(steps, dtype=torch.float64)
-
-
-needs_fbgemm = pytest.mark.skipif(not w8a8_available(), reason="torch built without the fbgemm engine")
 
 
 @needs_fbgemm
@@ -250,12 +246,11 @@ def test_fingerprint_tells_the_weight_formats_apart():
 
     tokenizer = build_tiny_tokenizer()
     prints = set()
-    schemes = ("bf16", "int8", "int4", "w8a8") if w8a8_available() else ("bf16", "int8", "int4")
-    for scheme in schemes:
+    for scheme in TESTED_SCHEMES:
         model = tiny_llama()
         quantize_model(model, scheme)
         prints.add(fingerprint(model, tokenizer))
-    assert len(prints) == len(schemes)
+    assert len(prints) == len(TESTED_SCHEMES)
     assert fingerprint(tiny_llama(), tokenizer) in prints  # bf16: the fingerprint as before
 
 

@@ -61,7 +61,7 @@ STORED = {"int8": "int8", "int4": "int4", "w8a8": "int8"}  # scheme -> the schem
 _SAVED = {"int8": (".qweight", ".scales"), "int4": (".nibbles", ".scale_zero")}
 PARTS = {scheme: _SAVED[stored] for scheme, stored in STORED.items()}  # saved tensors per layer format
 FINGERPRINTED = (".qweight", ".scales", ".nibbles", ".scale_zero", ".qweight_ends")  # sampled buffers
-ENDS = 16  # W8A8Linear keeps this many int8 codes from each end of its weight (fingerprint.SAMPLES)
+ENDS = 16  # W8A8Linear keeps this many int8 codes from each end of its weight; fingerprint.SAMPLES is this
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,8 +6,10 @@ linear layers by their quantized versions: the process's peak resident memory wa
 1.7x llama.cpp's at 32K tokens. When the quantized weights are already cached
 (`models.weight_cache`), this module builds the model with its parameters on the meta device
 (accelerate's ``init_empty_weights``; buffers such as RoPE's inverse frequencies are real), reads
-only the non-linear parameters (embedding, norms, biases) from the checkpoint, a slice of rows at a
-time through short-lived ``safe_open`` mappings, and installs the cached linear layers. The cache
+only the non-linear parameters (norms, biases) from the checkpoint, a slice of rows at a time
+through short-lived ``safe_open`` mappings, maps the input embedding from the file when it is stored
+in the load dtype (a lookup table once the head is quantized: only the rows a prompt reads become
+resident, `models.tensor_files`), and installs the cached linear layers. The cache
 key is the same fingerprint (`models.fingerprint`) the full load computes, its sampled values read
 from the file and cast to the load dtype (identical to the loaded parameter's: one rounding).
 
@@ -28,9 +30,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, Pre
 
 from cake_cli.models.fingerprint import SAMPLES, fingerprint
 from cake_cli.models.quantize import apply_tensors, layer_formats
+from cake_cli.models.tensor_files import mapped, read_rows
 from cake_cli.models.weight_cache import cache_file, read_cached
-
-CHUNK_BYTES = 32 * 2**20  # rows read per mapping of the checkpoint: bounds the file pages resident at once
 
 
 def skeleton(d: Path, dtype: torch.dtype, attn_implementation: str | None) -> PreTrainedModel:
@@ -69,21 +70,6 @@ def checkpoint_tensors(d: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
             for name in f.keys():
                 tensors[name] = (path, tuple(f.get_slice(name).get_shape()))
     return tensors
-
-
-def read_rows(path: Path, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Tensor `name` of safetensors file `path` cast to `dtype`, read `CHUNK_BYTES` of rows per mapping
-    (each mapping closed before the next: the file's pages do not pile up in resident memory)."""
-    if not shape:
-        with safe_open(str(path), "pt") as f:
-            return f.get_tensor(name).to(dtype)
-    out = torch.empty(shape, dtype=dtype)
-    row_bytes = max(1, math.prod(shape[1:]) * 4)
-    step = max(1, CHUNK_BYTES // row_bytes)
-    for start in range(0, shape[0], step):
-        with safe_open(str(path), "pt") as f:
-            out[start : start + step].copy_(f.get_slice(name)[start : start + step])
-    return out
 
 
 def read_ends(path: Path, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -136,13 +122,18 @@ def load_cached(d: Path, tokenizer, dtype: torch.dtype, scheme: str, model: PreT
     if tensors is None:
         return None
     skipped = {f"{name}.weight" for name in linears}
+    table = model.get_input_embeddings().weight
     for name, param in params.items():
         if name in skipped:
             continue
         module_name, _, attr = name.rpartition(".")
         module = model.get_submodule(module_name)
         file, shape = stored[name]
-        value = read_rows(file, name, shape, param.dtype)
+        # the embedding is a lookup once every linear layer (a tied head included) is quantized:
+        # mapped, only the rows a prompt reads become resident (`models.tensor_files`)
+        value = mapped(file, name, param.dtype) if param is table else None
+        if value is None:
+            value = read_rows(file, name, shape, param.dtype)
         module._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
     model.tie_weights()  # a tied output head shares the embedding just read
     apply_tensors(model, scheme, tensors)

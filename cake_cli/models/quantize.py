@@ -44,6 +44,7 @@ model's dtype, decode reads the small weights. Only the decoder's and the output
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -389,7 +390,7 @@ def quantize_tensors(
     return out
 
 
-def apply_tensors(model: nn.Module, scheme: str, tensors: dict[str, torch.Tensor]) -> int:
+def apply_tensors(model: nn.Module, scheme: str, tensors: Mapping[str, torch.Tensor]) -> int:
     """Replace each linear layer of `model` by its quantized module built from `tensors`
     (`quantize_tensors`' output); the float weights are freed. Returns the number replaced.
 

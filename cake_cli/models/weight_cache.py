@@ -12,16 +12,19 @@ or tensors disagree is quantized again (and replaced atomically, `files.write_at
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save
+from safetensors.torch import save
 
 from cake_cli.errors import CakeError, first_line
 from cake_cli.files import write_atomic
 from cake_cli.models.calibration import calibration_text, input_importance
 from cake_cli.models.fingerprint import fingerprint
 from cake_cli.models.quantize import GROUP, STORED, apply_tensors, layer_formats, quantize_tensors, tensor_names
+from cake_cli.models.tensor_files import CopiedTensors
 from cake_cli.paths import models_dir
 
 FORMAT = "2"  # bump when the saved layout or the quantizer changes (2: int4 fitted, its output head int8)
@@ -46,8 +49,9 @@ def _metadata(scheme: str, key: str) -> dict[str, str]:
     return {"scheme": STORED.get(scheme, scheme), "group": str(GROUP), "fingerprint": key, "format": FORMAT}
 
 
-def read_cached(path: Path, scheme: str, key: str, formats: dict[str, str]) -> dict | None:
-    """The cached tensors, or None when missing, unreadable or not this model's.
+def read_cached(path: Path, scheme: str, key: str, formats: dict[str, str]) -> Mapping[str, torch.Tensor] | None:
+    """The cached tensors (`tensor_files.CopiedTensors`: each read when looked up), or None when the
+    file is missing, unreadable or not this model's.
 
     Args:
         formats: the model's `quantize.layer_formats` for `scheme` (the tensors the file must hold).
@@ -58,7 +62,7 @@ def read_cached(path: Path, scheme: str, key: str, formats: dict[str, str]) -> d
         with safe_open(str(path), "pt") as f:
             if f.metadata() != _metadata(scheme, key):
                 return None
-        tensors = load_file(str(path))
+        tensors = CopiedTensors(path)  # read on use: no view keeps the whole file resident (`models.tensor_files`)
     except (SafetensorError, OSError, ValueError):
         return None
     return tensors if set(tensors) == tensor_names(formats) else None
@@ -96,5 +100,10 @@ def quantize_cached(model, tokenizer, checkpoint: Path | None, scheme: str, prog
                 f"cannot write the quantized weights to {path.parent}: {first_line(e)}",
                 hint="free space there or point CAKE_HOME elsewhere, or run with --weights bf16",
             ) from None
-    apply_tensors(model, scheme, tensors)
+    try:
+        apply_tensors(model, scheme, tensors)
+    except (OSError, SafetensorError) as e:  # the cached file changed or broke after it was checked
+        raise CakeError(
+            f"cannot read the quantized weights in {path}: {first_line(e)}", hint=f"delete {path} and run again"
+        ) from None
     return path, hit, time.perf_counter() - start

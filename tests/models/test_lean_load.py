@@ -14,6 +14,7 @@ from cake_cli.models import lean_load, loader, weights
 from cake_cli.models.fingerprint import fingerprint
 from cake_cli.models.loader import load_model
 from cake_cli.models.quantize import Int4Linear, Int8Linear, W8A8Linear
+from tests.helpers.mappings import file_mapping, mapped_paths, needs_proc_maps
 from tests.helpers.models import needs_fbgemm
 from tests.helpers.tiny import save_tiny_model
 
@@ -108,15 +109,32 @@ def test_fingerprint_from_the_file_equals_the_loaded_models(tmp_path):
     assert fingerprint(shell, full.tokenizer) != key  # without the samples it is another model's
 
 
-def test_read_rows_reads_in_slices_and_casts_like_to(tmp_path, monkeypatch):
-    monkeypatch.setattr(lean_load, "CHUNK_BYTES", 40)  # 3 rows of 3 float32 per mapping: 4 slices of 10 rows
+def test_read_ends_samples_what_the_fingerprint_samples(tmp_path):
     value = torch.randn(10, 3)
     save_file({"w": value, "b": torch.randn(5)}, str(tmp_path / "t.safetensors"))
-    got = lean_load.read_rows(tmp_path / "t.safetensors", "w", (10, 3), torch.bfloat16)
-    assert torch.equal(got, value.to(torch.bfloat16))
     ends = lean_load.read_ends(tmp_path / "t.safetensors", "w", (10, 3), torch.float32)
     flat = value.reshape(-1)
     assert torch.equal(ends, torch.cat([flat[:16], flat[-16:]]))
+
+
+@needs_proc_maps
+def test_a_float32_load_maps_the_embedding_and_no_view_of_the_cache_remains(tmp_path):
+    """A load in the checkpoint's dtype maps the input embedding from the checkpoint (a lookup once
+    the tied head is quantized) and copies everything else: the model equals the full load's, and
+    no mapping of the quantized-weight cache outlives the load (its pages would stay resident)."""
+    d = _as_float32(save_tiny_model(tmp_path / "m", arch="qwen2", hidden=64, tie_word_embeddings=True))
+    full = load_model(str(d), dtype="float32", weights="int8")
+    lean = load_model(str(d), dtype="float32", weights="int8")
+    table = lean.model.get_input_embeddings().weight
+    assert file_mapping(table) == (d / "model.safetensors").resolve()
+    assert all(file_mapping(t) is None for n, t in _state(lean.model).items() if "embed_tokens" not in n)
+    cache = next((tmp_path / "cake-home").rglob("int8-*.safetensors"))  # `weight_cache.cache_file`
+    assert cache.resolve() not in mapped_paths()
+    a, b = _state(full.model), _state(lean.model)
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
+    ids = torch.randint(3, 400, (1, 9), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_logits(lean, ids), _logits(full, ids), rtol=0, atol=0)
 
 
 def test_without_a_cache_or_with_other_names_it_declines(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from cake_cli.errors import UsageError
+from cake_cli.errors import CakeError, UsageError
 from cake_cli.models.quantize import (
     DECODE_ROWS,
     GROUP,
@@ -238,6 +238,24 @@ def test_cache_is_written_once_and_reused(tmp_path, monkeypatch):
     model = tiny_llama()
     _, hit, _ = quantize_cached(model, tokenizer, None, "int8")
     assert not hit and isinstance(model.lm_head, Int8Linear)
+
+
+def test_a_cache_file_that_breaks_after_its_check_is_a_one_line_error(tmp_path, monkeypatch):
+    """The cached tensors are read as each layer is built (`tensor_files.CopiedTensors`): a file that
+    fails then is named with its fix, never a traceback."""
+    from cake_cli.models import tensor_files
+
+    monkeypatch.setenv("CAKE_HOME", str(tmp_path))
+    tokenizer = build_tiny_tokenizer()
+    path, _, _ = quantize_cached(tiny_llama(), tokenizer, None, "int8")
+
+    def broken(self, name):
+        raise OSError("Input/output error")
+
+    monkeypatch.setattr(tensor_files.CopiedTensors, "__getitem__", broken)
+    with pytest.raises(CakeError, match="cannot read the quantized weights in .*Input/output error") as e:
+        quantize_cached(tiny_llama(), tokenizer, None, "int8")
+    assert e.value.hint == f"delete {path} and run again"
 
 
 def test_fingerprint_tells_the_weight_formats_apart():

@@ -7,7 +7,7 @@ that benchmark's llama.cpp rows; this skips the benchmark's timed rounds, and ll
 unless asked for (`--llama`: a 31,000-token llama.cpp prefill alone takes ~15 minutes on two cores),
 in which case it also prints `cake bench speed --rss`'s PASS/FAIL line for each length.
 
-    python benchmarks/prefill_memory.py --lengths 31000 --weights w8a8 --budget 256 [--llama]
+    python benchmarks/prefill_memory.py --lengths 31000 --weights w8a8 --budget 256 [--llama] [--threads N]
 
 Prints one line per length on stdout. Results: benchmarks/runs/prefill-memory-avx2-2026-12-04.txt,
 benchmarks/runs/prefill-memory-mapped-avx2-2026-12-04.txt.
@@ -39,13 +39,14 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--llama", action="store_true", help="also llama.cpp's child on the model's GGUF")
+    parser.add_argument("--threads", type=int, default=None, help="both engines' threads (default: as the CLI picks)")
     args = parser.parse_args()
     request = TaskRequest(task="qa", document="-", model=args.model, dtype=args.dtype, weights=args.weights)
     loaded = ready_model(request).loaded
     dtype = str(loaded.dtype).replace("torch.", "")
     ids = loaded.tokenizer(python_docs_text(), add_special_tokens=False)["input_ids"]
     config = configs_for(args.model, None, [args.budget])[args.budget]
-    threads = choose(None)
+    threads = choose(args.threads)
     name = loaded.profile.name if loaded.profile else loaded.name
     embedded = loaded.profile.embedded if loaded.profile else None
     del loaded  # loaded only to resolve what the CLI would (dtype, weights, name, tokens); the child loads its own
@@ -62,7 +63,8 @@ def main() -> None:
                 rows.append(row)
                 peak, running = row.rss_peak / 2**20, row.run_peak / 2**20
                 print(
-                    f"{name} {dtype}+{args.weights} {engine} at {n} tokens, B={args.budget}: peak RSS {peak:.0f} MiB "
+                    f"{name} {dtype}+{args.weights} {engine} at {n} tokens, B={args.budget}, {threads.prefill} "
+                    f"thread(s): peak RSS {peak:.0f} MiB "
                     f"(loading included), {running:.0f} MiB while prefilling and decoding; "
                     f"prefill {row.prefill_seconds:.1f} s",
                     flush=True,

@@ -28,6 +28,13 @@ def models_dir() -> Path:
     return cake_home() / "models"
 
 
+def owned(path: Path) -> bool:
+    """Whether `path` lies under `models_dir()`, where cake-cli replaces a file by renaming a new one
+    over it (converted checkpoints, quantized weights), never by rewriting it in place: a file there
+    may be memory-mapped for as long as a run lasts (`models.tensor_files`)."""
+    return path.resolve().is_relative_to(models_dir().resolve())
+
+
 def locks_dir() -> Path:
     """Lock files of work two cake runs must not do at once (`files.exclusive`): ``cake_home()/locks``."""
     return cake_home() / "locks"

@@ -1,9 +1,15 @@
-"""Peak resident memory of this process during a block, sampled from /proc (Linux)."""
+"""Resident memory of this process from /proc (Linux): now, its peak during a block (sampled), and by mapping."""
 
 from __future__ import annotations
 
 import os
+import re
 import threading
+from collections import Counter
+from pathlib import Path
+
+SMAPS = Path("/proc/self/smaps")
+MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")  # an smaps line that opens a mapping
 
 
 def rss_bytes() -> int:
@@ -13,6 +19,24 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def resident_by_mapping() -> Counter:
+    """Bytes of this process resident now per mapping name, from /proc/self/smaps: a mapped file's
+    path, ``[heap]``, ``[stack]``, or ``[anon]`` for unnamed anonymous memory.
+
+    Raises:
+        OSError: no /proc/self/smaps (not Linux, or a kernel without it).
+    """
+    out: Counter = Counter()
+    name = "[anon]"
+    for line in SMAPS.read_text(encoding="utf-8", errors="replace").splitlines():
+        if MAPPING.match(line):
+            fields = line.split(maxsplit=5)
+            name = fields[5] if len(fields) == 6 else "[anon]"
+        elif line.startswith("Rss:"):
+            out[name] += int(line.split()[1]) * 1024
+    return out
 
 
 class PeakRss:

@@ -8,8 +8,9 @@ linear layers by their quantized versions: the process's peak resident memory wa
 (accelerate's ``init_empty_weights``; buffers such as RoPE's inverse frequencies are real), reads
 only the non-linear parameters (norms, biases) from the checkpoint, a slice of rows at a time
 through short-lived ``safe_open`` mappings, maps the input embedding from the file when it is stored
-in the load dtype (a lookup table once the head is quantized: only the rows a prompt reads become
-resident, `models.tensor_files`), and installs the cached linear layers. The cache
+in the load dtype and the checkpoint is cake-cli's own (`paths.owned`; a lookup table once the head
+is quantized: only the rows a prompt reads become resident, `models.tensor_files`), and installs
+the cached linear layers. The cache
 key is the same fingerprint (`models.fingerprint`) the full load computes, its sampled values read
 from the file and cast to the load dtype (identical to the loaded parameter's: one rounding).
 
@@ -29,9 +30,10 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from cake_cli.models.fingerprint import SAMPLES, fingerprint
-from cake_cli.models.quantize import apply_tensors, layer_formats
+from cake_cli.models.quantize import layer_formats
 from cake_cli.models.tensor_files import mapped, read_rows
-from cake_cli.models.weight_cache import cache_file, read_cached
+from cake_cli.models.weight_cache import cache_file, install, read_cached
+from cake_cli.paths import owned
 
 
 def skeleton(d: Path, dtype: torch.dtype, attn_implementation: str | None) -> PreTrainedModel:
@@ -122,7 +124,7 @@ def load_cached(d: Path, tokenizer, dtype: torch.dtype, scheme: str, model: PreT
     if tensors is None:
         return None
     skipped = {f"{name}.weight" for name in linears}
-    table = model.get_input_embeddings().weight
+    table = model.get_input_embeddings().weight if owned(d) else None  # mapped only where never rewritten
     for name, param in params.items():
         if name in skipped:
             continue
@@ -136,7 +138,7 @@ def load_cached(d: Path, tokenizer, dtype: torch.dtype, scheme: str, model: PreT
             value = read_rows(file, name, shape, param.dtype)
         module._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
     model.tie_weights()  # a tied output head shares the embedding just read
-    apply_tensors(model, scheme, tensors)
+    install(model, scheme, tensors, path)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         return None

@@ -396,6 +396,7 @@ def apply_tensors(model: nn.Module, scheme: str, tensors: Mapping[str, torch.Ten
 
     Raises:
         KeyError: a linear layer has no tensors in `tensors`.
+        OSError: a tensor read on lookup (`tensor_files.CopiedTensors`) cannot be read.
     """
     formats = layer_formats(model, scheme)
     for name, fmt in formats.items():

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import save
 
 from cake_cli.errors import CakeError, first_line
@@ -25,7 +25,7 @@ from cake_cli.models.calibration import calibration_text, input_importance
 from cake_cli.models.fingerprint import fingerprint
 from cake_cli.models.quantize import GROUP, STORED, apply_tensors, layer_formats, quantize_tensors, tensor_names
 from cake_cli.models.tensor_files import CopiedTensors
-from cake_cli.paths import models_dir
+from cake_cli.paths import models_dir, owned
 
 FORMAT = "2"  # bump when the saved layout or the quantizer changes (2: int4 fitted, its output head int8)
 
@@ -33,9 +33,8 @@ FORMAT = "2"  # bump when the saved layout or the quantizer changes (2: int4 fit
 def cache_file(checkpoint: Path | None, scheme: str, key: str) -> Path:
     """Where the `scheme` weights of the model with fingerprint `key` are cached (see module doc); a
     scheme built from another's tensors (w8a8 from int8's, `quantize.STORED`) shares its file."""
-    home = models_dir().resolve()
-    inside = checkpoint is not None and checkpoint.resolve().is_relative_to(home)
-    folder = checkpoint / "cake-weights" if inside else home / "weights"
+    inside = checkpoint is not None and owned(checkpoint)
+    folder = checkpoint / "cake-weights" if inside else models_dir().resolve() / "weights"
     return folder / f"{STORED.get(scheme, scheme)}-g{GROUP}-{key}.safetensors"
 
 
@@ -50,22 +49,38 @@ def _metadata(scheme: str, key: str) -> dict[str, str]:
 
 
 def read_cached(path: Path, scheme: str, key: str, formats: dict[str, str]) -> Mapping[str, torch.Tensor] | None:
-    """The cached tensors (`tensor_files.CopiedTensors`: each read when looked up), or None when the
-    file is missing, unreadable or not this model's.
+    """The cached tensors, each read when looked up (`tensor_files.CopiedTensors`: the weights an
+    int8 layer keeps as stored are mapped, the rest copied), or None when the file is missing,
+    unreadable or not this model's.
 
     Args:
         formats: the model's `quantize.layer_formats` for `scheme` (the tensors the file must hold).
     """
     if not path.is_file():
         return None
+    kept = frozenset(f"{name}.qweight" for name, fmt in formats.items() if fmt == "int8")
     try:
-        with safe_open(str(path), "pt") as f:
-            if f.metadata() != _metadata(scheme, key):
-                return None
-        tensors = CopiedTensors(path)  # read on use: no view keeps the whole file resident (`models.tensor_files`)
-    except (SafetensorError, OSError, ValueError):
+        tensors = CopiedTensors(path, kept)
+    except (OSError, ValueError):
         return None
-    return tensors if set(tensors) == tensor_names(formats) else None
+    if tensors.metadata != _metadata(scheme, key) or set(tensors) != tensor_names(formats):
+        return None
+    return tensors
+
+
+def install(model, scheme: str, tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    """`quantize.apply_tensors` from the tensors of cache file `path` (read as each layer is built).
+
+    Raises:
+        CakeError: the file cannot be read now (changed or broken since it was checked), naming it
+            and the fix.
+    """
+    try:
+        apply_tensors(model, scheme, tensors)
+    except OSError as e:
+        raise CakeError(
+            f"cannot read the quantized weights in {path}: {first_line(e)}", hint=f"delete {path} and run again"
+        ) from None
 
 
 def quantize_cached(model, tokenizer, checkpoint: Path | None, scheme: str, progress=None) -> tuple[Path, bool, float]:
@@ -81,7 +96,8 @@ def quantize_cached(model, tokenizer, checkpoint: Path | None, scheme: str, prog
         (cache file, read from the cache?, seconds spent).
 
     Raises:
-        CakeError: the cache file cannot be written (disk full, permissions), naming the fix.
+        CakeError: the cache file cannot be written (disk full, permissions) or read back (`install`),
+            naming the fix.
     """
     start = time.perf_counter()
     key = fingerprint(model, tokenizer)
@@ -100,10 +116,5 @@ def quantize_cached(model, tokenizer, checkpoint: Path | None, scheme: str, prog
                 f"cannot write the quantized weights to {path.parent}: {first_line(e)}",
                 hint="free space there or point CAKE_HOME elsewhere, or run with --weights bf16",
             ) from None
-    try:
-        apply_tensors(model, scheme, tensors)
-    except (OSError, SafetensorError) as e:  # the cached file changed or broke after it was checked
-        raise CakeError(
-            f"cannot read the quantized weights in {path}: {first_line(e)}", hint=f"delete {path} and run again"
-        ) from None
+    install(model, scheme, tensors, path)
     return path, hit, time.perf_counter() - start

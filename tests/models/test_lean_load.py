@@ -10,11 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from cake_cli.models import lean_load, loader, weights
+from cake_cli.errors import CakeError
+from cake_cli.models import lean_load, loader, tensor_files, weights
 from cake_cli.models.fingerprint import fingerprint
 from cake_cli.models.loader import load_model
 from cake_cli.models.quantize import Int4Linear, Int8Linear, W8A8Linear
-from tests.helpers.mappings import file_mapping, mapped_paths, needs_proc_maps
+from tests.helpers.mappings import file_mapping, mapping_size, needs_proc_maps
 from tests.helpers.models import needs_fbgemm
 from tests.helpers.tiny import save_tiny_model
 
@@ -118,23 +119,43 @@ def test_read_ends_samples_what_the_fingerprint_samples(tmp_path):
 
 
 @needs_proc_maps
-def test_a_float32_load_maps_the_embedding_and_no_view_of_the_cache_remains(tmp_path):
-    """A load in the checkpoint's dtype maps the input embedding from the checkpoint (a lookup once
-    the tied head is quantized) and copies everything else: the model equals the full load's, and
-    no mapping of the quantized-weight cache outlives the load (its pages would stay resident)."""
-    d = _as_float32(save_tiny_model(tmp_path / "m", arch="qwen2", hidden=64, tie_word_embeddings=True))
-    full = load_model(str(d), dtype="float32", weights="int8")
-    lean = load_model(str(d), dtype="float32", weights="int8")
-    table = lean.model.get_input_embeddings().weight
-    assert file_mapping(table) == (d / "model.safetensors").resolve()
-    assert all(file_mapping(t) is None for n, t in _state(lean.model).items() if "embed_tokens" not in n)
-    cache = next((tmp_path / "cake-home").rglob("int8-*.safetensors"))  # `weight_cache.cache_file`
-    assert cache.resolve() not in mapped_paths()
-    a, b = _state(full.model), _state(lean.model)
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
-    ids = torch.randint(3, 400, (1, 9), generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(_logits(lean, ids), _logits(full, ids), rtol=0, atol=0)
+def test_a_float32_load_maps_an_owned_checkpoints_embedding_and_no_view_of_the_cache_remains(tmp_path):
+    """A load in the checkpoint's dtype of a checkpoint cake-cli owns (under its models folder, replaced
+    only by rename) maps the input embedding (a lookup once the tied head is quantized), maps the
+    int8 weights its layers keep as stored over their own bytes, and copies everything else: the
+    model equals the full load's, and no mapping of the whole cache file outlives the load. A
+    checkpoint elsewhere (a user's, which may be rewritten in place) is read, never mapped."""
+    owned = save_tiny_model(tmp_path / "cake-home" / "models" / "m", arch="qwen2", hidden=64, tie_word_embeddings=True)
+    elsewhere = save_tiny_model(tmp_path / "user" / "m", arch="qwen2", hidden=64, tie_word_embeddings=True)
+    for d in (_as_float32(owned), _as_float32(elsewhere)):
+        full = load_model(str(d), dtype="float32", weights="int8")
+        lean = load_model(str(d), dtype="float32", weights="int8")
+        table = lean.model.get_input_embeddings().weight
+        assert file_mapping(table) == ((d / "model.safetensors").resolve() if d == owned else None)
+        cache = lean.model.model.layers[0].mlp.down_proj.qweight
+        backing = file_mapping(cache)
+        assert backing is not None and backing.name.startswith("int8-")  # kept as stored: mapped
+        assert mapping_size(cache) <= cache.nbytes + 2 * 4096  # its own bytes (whole pages), not the file
+        small = [t for n, t in _state(lean.model).items() if n.endswith(("bias", "norm.weight"))]
+        assert small and all(file_mapping(t) is None for t in small)
+        a, b = _state(full.model), _state(lean.model)
+        for name in a:
+            torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
+        ids = torch.randint(3, 400, (1, 9), generator=torch.Generator().manual_seed(1))
+        torch.testing.assert_close(_logits(lean, ids), _logits(full, ids), rtol=0, atol=0)
+
+
+def test_a_cache_that_fails_while_read_is_a_one_line_error_naming_it(tmp_path, monkeypatch):
+    d = _as_float32(save_tiny_model(tmp_path / "m", arch="llama", hidden=64))
+    load_model(str(d), dtype="float32", weights="int8")  # cached
+
+    def broken(self, name):
+        raise OSError("Input/output error")
+
+    monkeypatch.setattr(tensor_files.CopiedTensors, "__getitem__", broken)
+    with pytest.raises(CakeError, match="cannot read the quantized weights in .*int8-.*Input/output error") as e:
+        load_model(str(d), dtype="float32", weights="int8")
+    assert e.value.hint.startswith("delete ") and e.value.hint.endswith(" and run again")
 
 
 def test_without_a_cache_or_with_other_names_it_declines(tmp_path):

@@ -10,9 +10,9 @@ only the non-linear parameters (norms, biases) from the checkpoint, a slice of r
 through short-lived ``safe_open`` mappings, maps the input embedding from the file when it is stored
 in the load dtype and the checkpoint is cake-cli's own (`paths.owned`; a lookup table once the head
 is quantized: only the rows a prompt reads become resident, `models.tensor_files`), and installs
-the cached linear layers. The cache
-key is the same fingerprint (`models.fingerprint`) the full load computes, its sampled values read
-from the file and cast to the load dtype (identical to the loaded parameter's: one rounding).
+the cached linear layers. The cache key is the same fingerprint (`models.fingerprint`) the full load
+computes, its sampled values read from the file and cast to the load dtype (identical to the loaded
+parameter's: one rounding).
 
 Anything it cannot match exactly (checkpoint names or shapes other than the model's, modules kept
 in float32, a missing cache) returns None and the caller loads the ordinary way.

@@ -11,7 +11,10 @@ device:
   cases at 8K it scored 83.1 at B = 128 and 96.1 at B = 1024, as bf16 did
   (benchmarks/runs/genres-qwen-8k-w8a8-vs-bf16.txt); its decode-path perplexity is ~2% above
   int8's (LICENSE.txt 7.316 vs 7.186, argparse.py 6.552 vs 6.427, first 512 tokens). A bf16 model
-  keeps int8: w8a8 was not measured on a CPU with native bf16;
+  keeps int8: on a CPU with native bf16 (AMD EPYC Zen 5, 2 threads) a decode step took the same
+  time in both (24.1 vs 24.4 ms at B = 256, 34.6 vs 35.1 ms with a full 8K cache, medians of 9
+  rounds in turn; benchmarks/runs/decode-ab-int8-w8a8-zen5-2026-12-04.txt), so int8's lower
+  perplexity decides;
 - CPU, any other model whose linear weights exceed `AUTO_MIN_BYTES`: int8. Measured on the default model
   (1 thread, benchmarks/runs/decode-profile-2026-12-02.md): its linear layers take 2.3-3.5x less
   time per decoded token than in bf16, and its perplexity on the first 1,024 tokens of CPython's

@@ -9,8 +9,8 @@ in which case it also prints `cake bench speed --rss`'s PASS/FAIL line for each 
 
     python benchmarks/prefill_memory.py --lengths 31000 --weights w8a8 --budget 256 [--llama] [--threads N]
 
-Prints one line per engine and length on stdout (with --llama, then the PASS/FAIL line). Results: benchmarks/runs/prefill-memory-avx2-2026-12-04.txt,
-benchmarks/runs/prefill-memory-mapped-avx2-2026-12-04.txt.
+Prints one line per engine and length on stdout (with --llama, then the PASS/FAIL line). Results:
+benchmarks/runs/prefill-memory-avx2-2026-12-04.txt, benchmarks/runs/prefill-memory-mapped-avx2-2026-12-04.txt.
 """
 
 from __future__ import annotations

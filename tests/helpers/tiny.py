@@ -218,12 +218,17 @@ def _gguf_name(name: str) -> str:
     return _GGUF_NAMES[rest].format(index)
 
 
-def save_tiny_gguf(file, *, layers: int = 2, seed: int = 0, name: str = "tiny qwen2") -> tuple[Path, Path]:
-    """Write a tiny random qwen2 model (8 query / 2 KV heads, hidden 64) as a float32 GGUF ``file``.
+def save_tiny_gguf(
+    file, *, layers: int = 2, seed: int = 0, name: str = "tiny qwen2", kind: str = "F32", tied: bool = False
+) -> tuple[Path, Path]:
+    """Write a tiny random qwen2 model (8 query / 2 KV heads, hidden 64) as a GGUF ``file``.
 
     The same model is first saved as a directory next to it (``<file>.model``), the oracle: the
-    GGUF converted back must give its logits. Tokenizer: the tiny byte-level BPE as a GGUF "gpt2"
-    tokenizer with the ChatML template. ``seed`` changes the weights, hence the file's sha256.
+    GGUF converted back must give its logits (exactly for ``kind`` F32). Tokenizer: the tiny
+    byte-level BPE as a GGUF "gpt2" tokenizer with the ChatML template. ``seed`` changes the
+    weights, hence the file's sha256. ``kind``: the GGML type of every matrix (``F32``, or a type
+    gguf-py quantizes: ``Q8_0``, ``Q5_0``, ``Q4_0``, ``Q4_1``, ``F16``); vectors stay F32.
+    ``tied``: no ``output.weight`` (the head is the embedding, as in SmolLM2's GGUF).
 
     Returns:
         (the GGUF file, the model directory).
@@ -255,8 +260,15 @@ def save_tiny_gguf(file, *, layers: int = 2, seed: int = 0, name: str = "tiny qw
     writer.add_eos_token_id(tokenizer.eos_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
     writer.add_chat_template(CHAT_TEMPLATE)
+    qtype = gguf.GGMLQuantizationType[kind]
     for param, tensor in model.state_dict().items():
-        writer.add_tensor(_gguf_name(param), tensor.float().numpy())
+        if tied and param == "lm_head.weight":
+            continue
+        values = tensor.float().numpy()
+        if values.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(_gguf_name(param), gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(_gguf_name(param), values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

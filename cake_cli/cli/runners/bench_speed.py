@@ -168,10 +168,11 @@ def _openvino_rows(loaded, ids, lengths, group, base: CakeConfig, threads, setup
 
     def make(n: int) -> list:
         on_case(f"{group}: OpenVINO GenAI @ {n} tokens")
-        if loaded.path is None:
+        checkpoint = loaded.float_checkpoint()
+        if checkpoint is None:
             raise CakeError("OpenVINO GenAI needs the model's checkpoint folder", "load the model from a folder")
         return openvino_rows(
-            loaded.path,
+            checkpoint,
             list(ids[:n]),
             base.budget,
             base.window,
@@ -232,7 +233,7 @@ def _path_rows(setup, ready: ReadyModel, request, ids, group, base: CakeConfig, 
         def make():
             on_case(f"{group}: kvpress snapkv @ {n}")
             return kvpress_row(
-                ready.loaded.path,
+                ready.loaded.float_checkpoint(),
                 list(ids),
                 base.budget,
                 f"{group} · kvpress",

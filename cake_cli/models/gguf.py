@@ -172,7 +172,8 @@ def _convert_into(gguf: Path, out: Path, marker: dict, eos: tuple[int, ...], pro
     t0 = time.perf_counter()
     if progress:
         progress(f"converting {gguf.name} ({note}) to a plain float32 checkpoint, one time: dequantizing…")
-    model, tokenizer = load_gguf(gguf, torch.float32)
+    with one_parse():  # transformers opens the GGUF three times: parse it once
+        model, tokenizer = load_gguf(gguf, torch.float32)
     if eos:
         model.generation_config.eos_token_id = list(eos)
     if progress:

@@ -28,6 +28,7 @@ import torch
 from accelerate import init_empty_weights
 from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+from transformers.initialization import no_init_weights
 
 from cake_cli.models.fingerprint import SAMPLES, fingerprint
 from cake_cli.models.quantize import layer_formats
@@ -43,7 +44,9 @@ def skeleton(d: Path, dtype: torch.dtype, attn_implementation: str | None) -> Pr
     names, shapes and `dtype` only. Raises what ``AutoConfig`` / ``from_config`` raise.
     """
     config = AutoConfig.from_pretrained(d, local_files_only=True)
-    with init_empty_weights(include_buffers=False):
+    # no_init_weights: transformers would draw random values into every meta parameter (a third of a
+    # second for the default model) only for them to be replaced; buffers are still computed
+    with init_empty_weights(include_buffers=False), no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     model.tie_weights()
     return model

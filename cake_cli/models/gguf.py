@@ -32,7 +32,6 @@ from pathlib import Path
 
 import torch
 import transformers.modeling_gguf_pytorch_utils as gguf_utils
-from gguf import GGUFReader
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
@@ -41,7 +40,7 @@ from cake_cli.errors import CakeError, first_line
 from cake_cli.files import atomic_dir, exclusive
 from cake_cli.models import checkpoints, embedded, lean_gguf
 from cake_cli.models.embedded import EmbeddedModel
-from cake_cli.models.gguf_tensors import one_parse
+from cake_cli.models.gguf_tensors import one_parse, read_gguf
 from cake_cli.models.support import check_gguf_architecture
 from cake_cli.paths import check_home, locks_dir
 
@@ -55,7 +54,7 @@ def gguf_info(gguf: Path) -> tuple[str, int]:
         CakeError: the file is not a readable GGUF (corrupt or truncated), naming the file.
     """
     try:
-        reader = GGUFReader(str(gguf))
+        reader = read_gguf(gguf)
         field = reader.fields.get("general.architecture")
         if field is None:
             raise ValueError("no general.architecture field")

@@ -31,7 +31,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -150,32 +153,76 @@ def convert_weights(
     if progress:
         progress(f"writing the {stored} weights the CPU runs, one tensor at a time ({len(formats)} linear layers)…")
     path = weights_file(folder, scheme)
-    with TensorWriter(path, plan, metadata) as writer:
+    jobs = _jobs(source, plain, formats, origin, importance or {})
+    with TensorWriter(path, plan, metadata) as writer, ThreadPoolExecutor(_workers()) as pool:
         writer.write(table.rpartition(".")[0] + BLOCKS, torch.from_numpy(blocks.data.copy()))
-        for name in plain:
-            writer.write(name, source.full(name))
-        for name, fmt in formats.items():
-            src = origin[name]
-            if fmt == "int8" and source.row_safe(src):
-                rows = source.shape(src)[0]
-                for first in range(0, rows, ROW_BLOCK):
-                    q, s = quantize_int8(source.rows(src, first, min(rows, first + ROW_BLOCK)))
-                    writer.write(f"{name}.qweight", q, row=first)
-                    writer.write(f"{name}.scales", s, row=first)
-            elif fmt == "int8":
-                q, s = quantize_int8(source.full(src))
-                writer.write(f"{name}.qweight", q)
-                writer.write(f"{name}.scales", s)
-            else:
-                nibbles, scale_zero = quantize_int4(source.full(src), importance=(importance or {}).get(name))
-                writer.write(f"{name}.nibbles", nibbles)
-                writer.write(f"{name}.scale_zero", scale_zero)
+        for writes in _ahead(pool, jobs, depth=_workers()):
+            for name, tensor, row in writes:
+                writer.write(name, tensor, row=row)
             source.release()
         writer.finish()
     if progress:
         seconds, size = time.perf_counter() - start, path.stat().st_size
         progress(f"{stored} weights written in {seconds:.0f} s ({size / 1e6:.0f} MB)")
     return path
+
+
+Writes = list[tuple[str, torch.Tensor, int]]  # (planned tensor name, value, first row) for `TensorWriter.write`
+
+
+def _jobs(source: GgufTensors, plain: dict, formats: dict[str, str], origin: dict, importance: dict) -> list:
+    """The conversion as independent steps, each a callable returning the `Writes` of one tensor (or
+    of one block of rows of a large one): dequantize from the GGUF, quantize, nothing shared."""
+
+    def copied(name: str) -> Writes:
+        return [(name, source.full(name), 0)]
+
+    def int8_rows(name: str, src: str, first: int, stop: int) -> Writes:
+        q, s = quantize_int8(source.rows(src, first, stop))
+        return [(f"{name}.qweight", q, first), (f"{name}.scales", s, first)]
+
+    def int8_full(name: str, src: str) -> Writes:
+        q, s = quantize_int8(source.full(src))
+        return [(f"{name}.qweight", q, 0), (f"{name}.scales", s, 0)]
+
+    def int4_full(name: str, src: str) -> Writes:
+        nibbles, scale_zero = quantize_int4(source.full(src), importance=importance.get(name))
+        return [(f"{name}.nibbles", nibbles, 0), (f"{name}.scale_zero", scale_zero, 0)]
+
+    jobs = [partial(copied, name) for name in plain]
+    for name, fmt in formats.items():
+        src = origin[name]
+        if fmt == "int8" and source.row_safe(src):
+            rows = source.shape(src)[0]
+            jobs += [partial(int8_rows, name, src, i, min(rows, i + ROW_BLOCK)) for i in range(0, rows, ROW_BLOCK)]
+        else:
+            jobs.append(partial(int8_full if fmt == "int8" else int4_full, name, src))
+    return jobs
+
+
+def _workers() -> int:
+    """Conversion steps run at once: one per usable core, at most 4 (each holds one float32 tensor)."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def _ahead(pool: ThreadPoolExecutor, jobs: list, depth: int) -> Iterator:
+    """The results of `jobs` in order, at most `depth` of them computed ahead of the one handed out.
+
+    gguf-py's dequantization is numpy and the quantization torch; both release the GIL in their
+    kernels, so steps overlap on the cores while the writes stay in order on the caller's thread.
+    Bounding the steps in flight bounds the memory: `depth` float32 tensors at most.
+    """
+    pending: deque = deque()
+    try:
+        for job in jobs:
+            pending.append(pool.submit(job))
+            if len(pending) > depth:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
 
 
 def importance_through(model, tokenizer) -> dict | None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ from cake_cli.errors import CakeError
 from cake_cli.models import checkpoints, lean_gguf
 from cake_cli.models import gguf as conversion
 from cake_cli.models.block_embedding import BlockEmbedding
+from cake_cli.models.gguf_tensors import read_gguf
 from cake_cli.models.loader import load_model
 from cake_cli.models.quantize import Int8Linear, quantize_int8, w8a8_available
 from cake_cli.models.tensor_writer import TensorWriter
@@ -273,3 +276,45 @@ def test_quantize_int8_of_rows_equals_quantize_int8_of_the_whole():
     q, s = quantize_int8(w)
     parts = [quantize_int8(w[i : i + 128]) for i in range(0, 300, 128)]
     assert torch.equal(torch.cat([p[0] for p in parts]), q) and torch.equal(torch.cat([p[1] for p in parts]), s)
+
+
+def test_the_plain_mapping_parse_reads_what_gguf_py_reads(q_gguf):
+    """`read_gguf` (a plain array over the mapping) against gguf-py's own ``np.memmap`` reader: the
+    same fields with the same values, the same tensors with the same bytes."""
+    gguf, _ = q_gguf
+    fast, slow = read_gguf(gguf), GGUFReader(str(gguf))
+    assert type(fast.data) is np.ndarray and isinstance(slow.data, np.memmap)
+    assert list(fast.fields) == list(slow.fields)
+    for key, field in fast.fields.items():
+        assert field.types == slow.fields[key].types
+        assert np.array_equal(np.concatenate(field.parts), np.concatenate(slow.fields[key].parts)), key
+    assert [(t.name, t.tensor_type, t.data_offset) for t in fast.tensors] == [
+        (t.name, t.tensor_type, t.data_offset) for t in slow.tensors
+    ]
+    for a, b in zip(fast.tensors, slow.tensors):
+        assert np.array_equal(np.asarray(a.data), np.asarray(b.data)), a.name
+    assert type(GGUFReader(str(gguf)).data) is np.memmap
+
+
+def test_the_plain_mapping_parse_refuses_an_empty_or_foreign_file(tmp_path):
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    (tmp_path / "text.gguf").write_bytes(b"not a gguf file at all")
+    for name in ("empty.gguf", "text.gguf"):
+        with pytest.raises(ValueError):
+            read_gguf(tmp_path / name)
+
+
+def test_conversion_steps_come_back_in_order_with_few_in_flight():
+    """`_ahead` hands results out in submission order and never runs more than depth + 1 ahead."""
+    started, handed, lock = [], [], threading.Lock()
+
+    def job(i):
+        with lock:
+            started.append(i)
+            assert len(started) - len(handed) <= 3, "too many steps in flight"
+        return i * i
+
+    with ThreadPoolExecutor(2) as pool:
+        for value in lean_gguf._ahead(pool, [lambda i=i: job(i) for i in range(40)], depth=2):
+            handed.append(value)
+    assert handed == [i * i for i in range(40)]

@@ -100,7 +100,7 @@ def parse_error(exc: typer.TyperException) -> CakeError:
     message = message[:1].lower() + message[1:]
     option = getattr(exc, "option_name", None)
     if option and option.startswith("--"):  # an unknown option: suggest from the command's own options
-        message = f"no such option {option}{did_you_mean(option, _option_names(ctx))}"
+        message = f"no such option {option}{did_you_mean(option, _option_names(ctx), n=1)}"
     if exc.exit_code != EXIT_USAGE:
         return CakeError(message, exit_code=exc.exit_code)
     where = ctx.command_path if ctx is not None else "cake"

@@ -110,3 +110,9 @@ def test_cake_alone_prints_the_help(cli_env, capsys):
     assert run([]) == EXIT_USAGE
     captured = capsys.readouterr()
     assert "summarize" in captured.out + captured.err and "error" not in captured.err
+
+
+def test_a_good_command_runs_through_the_same_entry_point(cli_env, doc, capsys):
+    assert run(["summarize", str(doc), *TASK_OPTIONS, "-q"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() and "error" not in captured.err

@@ -6,7 +6,7 @@ Also the two helpers every error message uses: the first line of an exception an
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -56,3 +56,12 @@ def unknown_name(what: str, name: str, valid: Iterable[str]) -> UsageError:
     """A UsageError for an unknown `what` (method, indicator, task, …) with "did you mean" and the valid names."""
     valid = list(valid)
     return UsageError(f"unknown {what} '{name}'{did_you_mean(name, valid)}", f"choose one of {', '.join(valid)}")
+
+
+def unknown_names(what: str, bad: Sequence[str], valid: Iterable[str]) -> UsageError:
+    """`unknown_name` for a comma-separated list option: `bad` are the unknown names given (none:
+    the list was empty), "did you mean" for the first; `what` is plural-neutral, e.g. "task(s)"."""
+    valid = list(valid)
+    given = ", ".join(repr(name) for name in bad) or "(none)"
+    suggestion = did_you_mean(bad[0], valid) if bad else ""
+    return UsageError(f"unknown {what} {given}{suggestion}", f"choose from {', '.join(valid)}")

@@ -15,7 +15,7 @@ from cake_cli import __version__
 from cake_cli.cli.options import FLAGS
 from cake_cli.cli.progress import stderr_console
 from cake_cli.engine.config import ConfigError
-from cake_cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, CakeError, UsageError, first_line
+from cake_cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CakeError, UsageError, did_you_mean, first_line
 
 # Markdown help: docstring lines are joined, so a description never breaks mid-sentence where the
 # source code wrapped it (rich markup would also eat square brackets).
@@ -75,6 +75,38 @@ def output_error(exc: OSError) -> CakeError:
     return CakeError(f"cannot write to {what}: {exc.strerror or os.strerror(exc.errno)}", hint)
 
 
+def _option_names(ctx) -> list[str]:
+    """The long option names (`--budget`, …) of the command `ctx` parses, for "did you mean"."""
+    if ctx is None:
+        return []
+    names = [*ctx.help_option_names]
+    for param in ctx.command.params:
+        names += [*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())]
+    return sorted({name for name in names if name.startswith("--")})
+
+
+def parse_error(exc: typer.TyperException) -> CakeError:
+    """The one-line error of a command line Typer could not parse: an unknown option (with "did you
+    mean" over the command's own options), a bad option value, a missing argument, an unknown
+    command. Usage errors (Typer's exit code 2) stay exit 2; the hint names the command's help.
+
+    Typer raises these while parsing, before any command runs, so `handled` never sees them; they
+    reach here from `cake_cli.cli.main.run`, which runs the app with `standalone_mode=False`. Only
+    public attributes are read: `TyperException.format_message()` and `exit_code`, and the `ctx`
+    (context) a usage error carries.
+    """
+    ctx = getattr(exc, "ctx", None)
+    message = " ".join(exc.format_message().split()).rstrip(".").replace(". Did you mean", "; did you mean")
+    message = message[:1].lower() + message[1:]
+    option = getattr(exc, "option_name", None)
+    if option and option.startswith("--"):  # an unknown option: suggest from the command's own options
+        message = f"no such option {option}{did_you_mean(option, _option_names(ctx), n=1)}"
+    if exc.exit_code != EXIT_USAGE:
+        return CakeError(message, exit_code=exc.exit_code)
+    where = ctx.command_path if ctx is not None else "cake"
+    return UsageError(message, f"see '{where} --help'")
+
+
 def _silence_stdout() -> None:
     """Point stdout at /dev/null, so the interpreter's flush at exit cannot fail a second time."""
     try:
@@ -95,7 +127,10 @@ def handled():
             yield
             sys.stdout.flush()  # what is still buffered fails here, not in the interpreter's exit
         except ConfigError as exc:  # an engine setting: name it by its flag
-            raise UsageError(*exc.render(FLAGS)) from exc
+            message, hint = exc.render(FLAGS)
+            if exc.name is not None:
+                message += did_you_mean(exc.name, exc.valid)
+            raise UsageError(message, hint) from exc
         except OSError as exc:
             if exc.errno not in OUTPUT_ERRNOS:
                 raise

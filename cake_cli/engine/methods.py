@@ -63,14 +63,14 @@ def resolve(method: str, allocation: str | None = None, indicator: str | None = 
         pair = METHODS[method]
     else:
         valid = [*METHODS, "allocation+indicator"]
-        raise ConfigError("method", f"unknown method '{method}'", f"choose one of {', '.join(valid)}")
+        raise ConfigError("method", f"unknown method '{method}'", f"choose one of {', '.join(valid)}", method, METHODS)
     if pair is None:
         return None
     pair = (allocation or pair[0], indicator or pair[1])
     allocations = (*ALLOCATIONS, *SCORE_ALLOCATIONS)  # global: reconstruction scoring only (checked by the caller)
     for field, name, valid in (("allocation", pair[0], allocations), ("indicator", pair[1], INDICATORS)):
         if name not in valid:
-            raise ConfigError(field, f"unknown {field} '{name}'", f"choose one of {', '.join(valid)}")
+            raise ConfigError(field, f"unknown {field} '{name}'", f"choose one of {', '.join(valid)}", name, valid)
     return pair
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cake_cli.errors import UsageError
+from cake_cli.errors import UsageError, did_you_mean
 
 DTYPE_NAMES = {
     "float32": "float32",
@@ -38,7 +38,8 @@ def check_dtype(dtype: str) -> str | None:
     if key == "auto":
         return None
     if key not in DTYPE_NAMES:
-        raise UsageError(f"unknown dtype '{dtype}'", "use auto, float32, bfloat16 or float16")
+        names = ("auto", "float32", "bfloat16", "float16")
+        raise UsageError(f"unknown dtype '{dtype}'{did_you_mean(key, names)}", "use auto, float32, bfloat16 or float16")
     return DTYPE_NAMES[key]
 
 

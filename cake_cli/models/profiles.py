@@ -18,7 +18,7 @@ import importlib.resources
 import os
 from pathlib import Path
 
-from cake_cli.errors import CakeError, did_you_mean
+from cake_cli.errors import CakeError, UsageError, did_you_mean
 from cake_cli.models.checkpoints import embedded_of_path
 from cake_cli.models.profile_schema import HUB_ID_RE, parse_profile, validate_profile  # noqa: F401 - re-exported
 from cake_cli.models.profile_types import (  # noqa: F401 - re-exported: the public profile API
@@ -94,7 +94,7 @@ def load_profile(name_or_alias: str) -> Profile:
     """The profile named (or aliased) ``name_or_alias``.
 
     Raises:
-        CakeError: no such profile; the message suggests close names ("did you mean …") and the
+        UsageError: no such profile (exit 2); the message suggests close names ("did you mean …") and the
             hint lists the valid ones. Also any error of :func:`list_profiles`.
     """
     p = find_profile(name_or_alias)
@@ -103,8 +103,8 @@ def load_profile(name_or_alias: str) -> Profile:
     return p
 
 
-def unknown_model_error(name: str) -> CakeError:
-    """The CakeError for a ``--model`` value that is no path, profile or hub id."""
+def unknown_model_error(name: str) -> UsageError:
+    """The UsageError (exit 2) for a ``--model`` value that is no path, profile or hub id."""
     err = unknown_profile_error(name, "model")
     err.hint = (
         f"{err.hint}; or give a local model directory, a .gguf file, or a hub id "
@@ -113,12 +113,12 @@ def unknown_model_error(name: str) -> CakeError:
     return err
 
 
-def unknown_profile_error(name: str, what: str = "model profile") -> CakeError:
-    """A CakeError for an unknown profile name, with "did you mean …" and the valid names."""
+def unknown_profile_error(name: str, what: str = "model profile") -> UsageError:
+    """A UsageError (exit 2) for an unknown profile name, with "did you mean …" and the valid names."""
     profiles = list_profiles()
     keys = [k for p in profiles for k in (p.name, *p.aliases)]
     valid = ", ".join(p.name for p in profiles) or "(none found)"
-    return CakeError(f"unknown {what} {name!r}{did_you_mean(name, keys)}", hint=f"valid profiles: {valid}")
+    return UsageError(f"unknown {what} {name!r}{did_you_mean(name, keys)}", hint=f"valid profiles: {valid}")
 
 
 def embedded_profile(source: str) -> Profile | None:

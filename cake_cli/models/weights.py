@@ -33,7 +33,7 @@ Light module (no torch).
 
 from __future__ import annotations
 
-from cake_cli.errors import UsageError
+from cake_cli.errors import UsageError, did_you_mean
 
 WEIGHTS = ("auto", "bf16", "int8", "int4", "w8a8")
 AUTO_MIN_BYTES = 64 * 2**20  # linear weights below this (bytes, in the model's dtype) stay bf16 under auto
@@ -47,7 +47,8 @@ def check_weights(weights: str) -> str:
     """
     key = str(weights).strip().lower()
     if key not in WEIGHTS:
-        raise UsageError(f"unknown weight format '{weights}'", "use --weights auto, bf16, int8, int4 or w8a8")
+        hint = "use --weights auto, bf16, int8, int4 or w8a8"
+        raise UsageError(f"unknown weight format '{weights}'{did_you_mean(key, WEIGHTS)}", hint)
     return key
 
 

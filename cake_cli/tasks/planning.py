@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from cake_cli.engine.config import CakeConfig, ConfigError
 from cake_cli.engine.methods import FULL, label, resolve
-from cake_cli.errors import UsageError
+from cake_cli.errors import UsageError, unknown_name
 from cake_cli.models.dtypes import check_dtype
 from cake_cli.models.profiles import Profile, check_model_spec
 from cake_cli.models.weights import check_weights
@@ -96,7 +96,7 @@ def check_request(request: TaskRequest) -> None:
     check_dtype(request.dtype)
     check_weights(request.weights or "bf16")
     if request.attention not in ATTENTIONS:
-        raise UsageError(f"unknown attention backend '{request.attention}'", f"choose one of {', '.join(ATTENTIONS)}")
+        raise unknown_name("attention backend", request.attention, ATTENTIONS)
     if request.threads is not None and request.threads < 1:
         raise UsageError(
             f"--threads must be at least 1 (got {request.threads})", "leave it out to choose automatically"
@@ -108,7 +108,7 @@ def check_request(request: TaskRequest) -> None:
     if request.at_line is not None:
         check_at_line(request.at_line)
     if request.long not in LONG_MODES:
-        raise UsageError(f"unknown --long mode '{request.long}'", f"choose one of {', '.join(LONG_MODES)}")
+        raise unknown_name("--long mode", request.long, LONG_MODES)
     if request.long == SECTIONS and request.truncate == "error":
         raise UsageError(
             "--long sections reads a long document whole, --truncate error refuses it", "give only one of them"

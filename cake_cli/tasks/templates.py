@@ -32,7 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from cake_cli.errors import CakeError, UsageError
+from cake_cli.errors import CakeError, UsageError, unknown_name
 
 SCHEMA_VERSION = 1
 TRUNCATE_MODES = ("middle", "error")
@@ -268,7 +268,7 @@ def check_inputs(template: Template, truncate: str, fields: dict[str, str]) -> N
         UsageError: unknown truncate mode, or a field the template needs is missing or blank.
     """
     if truncate not in TRUNCATE_MODES:
-        raise UsageError(f"unknown --truncate mode '{truncate}'", f"choose one of {', '.join(TRUNCATE_MODES)}")
+        raise unknown_name("--truncate mode", truncate, TRUNCATE_MODES)
     missing = [name for name in template.fields if not str(fields.get(name, "")).strip()]
     if missing:
         raise UsageError(f"task '{template.task}' needs a non-empty {' and '.join(missing)}", "give it as an argument")
@@ -316,7 +316,7 @@ def build_prefix(tokenizer, template: Template, document: str, *, max_prompt_tok
         UsageError / CakeError: as for `build_prompt`.
     """
     if truncate not in TRUNCATE_MODES:
-        raise UsageError(f"unknown --truncate mode '{truncate}'", f"choose one of {', '.join(TRUNCATE_MODES)}")
+        raise unknown_name("--truncate mode", truncate, TRUNCATE_MODES)
     return fit_prompt(tokenizer, template, document, max_prompt_tokens, truncate, None)
 
 

@@ -1,5 +1,6 @@
-"""Every run file the benchmark pages and the README name exists under benchmarks/runs/, and every
-relative link of those pages resolves: a figure on a page can be traced to its file."""
+"""Every run file the benchmark pages, the README and its guide (docs/guide.md) name exists under
+benchmarks/runs/, and every relative link of those pages resolves: a figure on a page can be traced
+to its file."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "benchmarks" / "runs"
-PAGES = [ROOT / "README.md", *sorted((ROOT / "benchmarks").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "benchmarks").glob("*.md")), ROOT / "docs" / "guide.md"]
 RUN_NAME = re.compile(r"(?<![\w/.-])(?:benchmarks/)?runs/([\w.-]*[\w-])")  # "runs/x.json", "benchmarks/runs/x.json"
 LINK = re.compile(r"\]\(([^)\s]+)\)")  # markdown link targets
 

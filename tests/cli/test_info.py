@@ -95,6 +95,6 @@ def test_profiles_show(cli_env):
 
 def test_profiles_show_unknown_suggests(cli_env):
     result = runner.invoke(app, ["profiles", "show", "tiny-tset"])
-    assert result.exit_code == 1 and result.stdout == ""
+    assert result.exit_code == 2 and result.stdout == ""
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "did you mean 'tiny-test'" in lines[0] and "valid profiles" in lines[0]

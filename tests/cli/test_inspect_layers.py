@@ -120,7 +120,7 @@ def test_missing_weights_give_the_download_command(cli_env, monkeypatch, tmp_pat
 
 @pytest.mark.parametrize(
     "args, code",
-    [(["-b", "4"], 2), (["-w", "0"], 2), (["--truncate", "x"], 2), (["missing.txt"], 1), (["-m", "no-such-model"], 1)],
+    [(["-b", "4"], 2), (["-w", "0"], 2), (["--truncate", "x"], 2), (["missing.txt"], 1), (["-m", "no-such-model"], 2)],
 )
 def test_bad_input_exit_codes(cli_env, args, code):
     result = runner.invoke(app, ["inspect-layers", *(["-m", "tiny-test"] if "-m" not in args else []), *args])

@@ -81,7 +81,7 @@ def test_summarize_reads_stdin(doc):
     [
         (["summarize", "missing.txt", "-m", "tiny-test"], 1, "missing.txt"),
         (["summarize", "{doc}", "-m", "tiny-test", "-b", "4"], 2, "window"),
-        (["summarize", "{doc}", "-m", "no-such-model"], 1, "no-such-model"),
+        (["summarize", "{doc}", "-m", "no-such-model"], 2, "no-such-model"),
         (["summarize", "{doc}", "-m", "tiny-test", "--decode-policy", "shrink"], 2, "decode policy"),
     ],
 )

@@ -255,7 +255,7 @@ def test_unknown_name_did_you_mean():
     with pytest.raises(CakeError) as e:
         load_profile("mistrl")
     assert "did you mean 'mistral'" in e.value.message
-    assert e.value.exit_code == 1
+    assert e.value.exit_code == 2  # an unknown name is a usage error
     for name in SHIPPED:
         assert name in e.value.hint
 

@@ -24,7 +24,7 @@ from cake_cli.cli.bench_options import (
 )
 from cake_cli.cli.commands.bench import bench_app
 from cake_cli.engine.config import KV_BITS
-from cake_cli.errors import UsageError
+from cake_cli.errors import UsageError, unknown_name, unknown_names
 
 PARTS = ("timing", "e2e", "quality", "agnostic")
 DEFAULT_PARTS = ("timing", "e2e", "quality")  # agnostic: a long grid of its own, asked for by name
@@ -82,11 +82,11 @@ def cache(
         chosen = [p.strip() for p in parts.split(",") if p.strip()]
         bad = [p for p in chosen if p not in PARTS] + [t for t in tasks.split(",") if t.strip() not in NEEDLE_TASKS]
         if bad or not chosen:
-            raise UsageError(f"unknown part(s) or task(s) {', '.join(bad) or '(none)'}", f"parts: {', '.join(PARTS)}")
+            raise unknown_names("part(s) or task(s)", bad, (*PARTS, *NEEDLE_TASKS))
         if repeats < 1 or new_tokens < 1 or cases < 1 or length < 64 or threads < 0:
             raise UsageError("--repeats, --new-tokens and --cases must be >= 1, --length >= 64, --threads >= 0")
         if haystack not in HAYSTACKS:
-            raise UsageError(f"unknown haystack '{haystack}'", f"choose one of {', '.join(HAYSTACKS)}")
+            raise unknown_name("haystack", haystack, HAYSTACKS)
         if ("quality" in chosen and haystack == "essays") or "agnostic" in chosen:
             data_dir()  # one-line error with the install command when the data package is missing
         keep = tuple(r / 100 for r in float_list(ratios, "--ratios", 0.0, 100.0))

@@ -11,7 +11,7 @@ from cake_cli.cli import options as o
 from cake_cli.cli.app import handled
 from cake_cli.cli.bench_options import configs_for, int_list
 from cake_cli.cli.commands.bench import bench_app
-from cake_cli.errors import UsageError
+from cake_cli.errors import UsageError, unknown_names
 from cake_cli.models.dtypes import check_dtype
 from cake_cli.models.weights import check_weights
 
@@ -112,7 +112,7 @@ def speed(
         names = [m.strip() for m in methods.split(",") if m.strip()]
         unknown = [m for m in names if m not in SPEED_METHODS]
         if unknown:
-            raise UsageError(f"unknown method(s) {', '.join(unknown)}", f"choose from {', '.join(SPEED_METHODS)}")
+            raise unknown_names("method(s)", unknown, SPEED_METHODS)
         tasks = [t.strip() for t in cli_tasks.split(",") if t.strip()]
         if any(t not in ("qa", "summarize") for t in tasks):
             raise UsageError(f"--cli-tasks takes qa and summarize, got '{cli_tasks}'")

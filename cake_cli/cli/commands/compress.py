@@ -14,7 +14,7 @@ from cake_cli.cli.commands.tasks import checked_plan, resolve_document, task_req
 from cake_cli.cli.options import PrefillOptions, TaskOptions, with_options
 from cake_cli.cli.progress import StderrProgress
 from cake_cli.engine.config import KV_BITS
-from cake_cli.errors import UsageError
+from cake_cli.errors import UsageError, unknown_name
 from cake_cli.files import check_writable
 from cake_cli.tasks.request import COMPRESS
 from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING, SCORINGS, SUFFIX, is_cache_path
@@ -71,7 +71,7 @@ def check_kv_bits(bits: int) -> None:
 def check_scoring(scoring: str) -> None:
     """Raises UsageError for an unknown --scoring."""
     if scoring not in SCORINGS:
-        raise UsageError(f"unknown --scoring '{scoring}'", f"choose one of {', '.join(SCORINGS)}")
+        raise unknown_name("--scoring", scoring, SCORINGS)
 
 
 @app.command()

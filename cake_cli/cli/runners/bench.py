@@ -20,10 +20,14 @@ from cake_cli.bench.quality.plot import plot as draw
 from cake_cli.bench.quality.real import count_steps as count_real_steps
 from cake_cli.bench.quality.real import run_real
 from cake_cli.bench.quality.report import (
+    QUESTION_GROUPS,
+    RealInterval,
     check_resumable,
     fmt_score,
+    interval_cell,
     load_results,
     of_setting,
+    real_intervals,
     real_target_checks,
     row_key,
     rows_as_dicts,
@@ -64,7 +68,7 @@ def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
         "repeats": suite.repeats,
         "draw": CASE_DRAW,
         **(
-            {"documents": list(suite.documents), "quick": suite.quick, "long": suite.long}
+            {"documents": list(suite.documents), "subset": suite.subset, "quick": suite.quick, "long": suite.long}
             if isinstance(suite, RealSuite)
             else {}
         ),
@@ -204,6 +208,7 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
     summary = summarize(rows, names, budgets, weights=weights)
     exact = summarize(rows, names, budgets, metric="exact", weights=weights)
     checks = target_checks(summary) + (real_target_checks(rows, exact) if real else [])
+    intervals = real_intervals(rows, names, budgets) if real else []
     title = f"cake bench quality · {loaded.name}"
     output = setup.output
     png = plot or (output.with_suffix(".png") if output else None)
@@ -217,6 +222,8 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
         write_atomic(markdown, to_markdown(summary) + "\n" + to_markdown(exact), "markdown file")
     if setup.json_out:
         payload = {"meta": meta, "summary": summary.to_json(), "exact": exact.to_json(), "checks": checks}
+        if real:
+            payload["intervals"] = [iv.to_json() for iv in intervals]
         sys.stdout.write(json.dumps(payload, indent=1) + "\n")
         return
     out = console(stderr=False)
@@ -225,12 +232,37 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
             out.print(f"[bold]{escape(heading)}[/]")
             out.print(table)
     print_survival(out, rows, names, budgets, title)
+    if intervals:
+        half = f"{setup.suite.subset} documents" if setup.suite.subset else "all documents"
+        print_real_intervals(out, intervals, budgets, f"{title} · {half}")
     for line in checks:
         out.print(line)
     if png:
         err.print(f"[dim]plot: {escape(str(png))}[/]")
     if output:
         err.print(f"[dim]results: {escape(str(output))}[/]")
+
+
+def print_real_intervals(out, intervals: list[RealInterval], budgets: list[int], title: str) -> None:
+    """The real suite's paired intervals (`report.real_intervals`) as one table: a row per other
+    method and question group, a column per budget."""
+    versus = intervals[0].versus
+    out.print(
+        f"[bold]{escape(title)} · {versus} - other method, exact x 100, mean [95% paired bootstrap by question] "
+        "(* lower bound >= 0)[/]"
+    )
+    table = Table()
+    for name in ("vs", "questions", *(f"B={b}" for b in budgets)):
+        table.add_column(name, justify="left" if name in ("vs", "questions") else "right")
+    at = {(iv.other, iv.questions, iv.budget): iv.interval for iv in intervals}
+    for other in dict.fromkeys(iv.other for iv in intervals):
+        for group in QUESTION_GROUPS:
+            cells = [at.get((other, group, b)) for b in budgets]
+            if not any(cells):
+                continue
+            n = next(iv.cases for iv in cells if iv is not None)
+            table.add_row(other, f"{group} ({n})", *("-" if iv is None else interval_cell(iv) for iv in cells))
+    out.print(table)
 
 
 def tau_search(setup: GridSetup, search: SearchGrid, write_profile: Path | None) -> None:

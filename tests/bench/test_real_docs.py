@@ -33,7 +33,7 @@ from cake_cli.bench.real_docs import (
     read_document,
     text_sha256,
 )
-from cake_cli.bench.scoring import real_scores
+from cake_cli.bench.scoring import normalize_answer, real_scores
 from cake_cli.bench.suites import REAL_TASKS, Variant
 from cake_cli.cli.bench_options import real_suite_from
 from cake_cli.cli.main import app
@@ -68,6 +68,8 @@ def test_the_set_is_large_enough_and_its_ids_unique():
         assert any(q.answerable for q in doc.questions) and any(not q.answerable for q in doc.questions)
         assert (doc.source == "debian") == (doc.package is not None)
         assert all(bool(q.absent) == (not q.answerable) for q in doc.questions)  # version 2: key terms listed
+    # every gold answer keeps words after SQuAD normalisation (an answer of punctuation alone can never be exact)
+    assert all(normalize_answer(a) for q in questions for a in q.answers)
 
 
 def test_the_split_is_by_document_and_both_halves_are_large_enough():

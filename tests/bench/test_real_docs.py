@@ -286,6 +286,7 @@ def test_real_suite_end_to_end_then_resume(cli_env):
     out = cli_env / "real.json"
     args = [*TINY_REAL, "--documents", "python-textwrap", "--split", "tune", "--quick", "--lengths", "600"]
     args += ["--budgets", "32", "--methods", "full,cake,h2o", "--output", str(out)]  # h2o: records every query
+    args += ["--markdown", str(cli_env / "real.md")]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
     data = json.loads(out.read_text())
@@ -301,6 +302,8 @@ def test_real_suite_end_to_end_then_resume(cli_env):
     # the paired intervals of cake against full and h2o, by question, on the tune documents
     assert "tune documents" in result.stdout and "paired bootstrap by question" in result.stdout
     assert "all questions (2)" in result.stdout and "answerable (1)" in result.stdout
+    table = (cli_env / "real.md").read_text()
+    assert "tune documents · cake - other method" in table and "| h2o | answerable (1) |" in table
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "resuming" in again.stderr
     assert json.loads(out.read_text())["rows"] == rows

@@ -390,6 +390,22 @@ def real_intervals(rows: list[dict], methods, budgets, versus: str = "cake", **k
     return out
 
 
+INTERVALS_HEADING = "{versus} - other method, exact x 100, mean [95% paired bootstrap by question] (* lower bound >= 0)"
+
+
+def interval_grid(intervals: list[RealInterval], budgets) -> list[list[str]]:
+    """Rows [other method, "questions (n)", `interval_cell` at each budget] of `real_intervals`."""
+    at = {(iv.other, iv.questions, iv.budget): iv.interval for iv in intervals}
+    rows = []
+    for other in dict.fromkeys(iv.other for iv in intervals):
+        for group in QUESTION_GROUPS:
+            cells = [at.get((other, group, b)) for b in budgets]
+            if any(cells):
+                n = next(iv.cases for iv in cells if iv is not None)
+                rows.append([other, f"{group} ({n})", *("-" if iv is None else interval_cell(iv) for iv in cells)])
+    return rows
+
+
 def interval_cell(iv: Interval) -> str:
     """'mean [low, high]' of a difference x 100, marked '*' where the lower bound is >= 0."""
     return f"{100 * iv.mean:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]{'*' if claim(iv) else ''}"

@@ -20,11 +20,11 @@ from cake_cli.bench.quality.plot import plot as draw
 from cake_cli.bench.quality.real import count_steps as count_real_steps
 from cake_cli.bench.quality.real import run_real
 from cake_cli.bench.quality.report import (
-    QUESTION_GROUPS,
+    INTERVALS_HEADING,
     RealInterval,
     check_resumable,
     fmt_score,
-    interval_cell,
+    interval_grid,
     load_results,
     of_setting,
     real_intervals,
@@ -37,8 +37,8 @@ from cake_cli.bench.quality.report import (
 )
 from cake_cli.bench.quality.run import Model as QualityModel
 from cake_cli.bench.quality.run import count_steps, expected_taus, run_grid
+from cake_cli.bench.quality.tables import intervals_markdown, rich_tables
 from cake_cli.bench.quality.tables import markdown as to_markdown
-from cake_cli.bench.quality.tables import rich_tables
 from cake_cli.bench.real_docs import load_set, open_documents
 from cake_cli.bench.scoring import GENRE_WEIGHTS, REAL_WEIGHTS, TASK_WEIGHTS
 from cake_cli.bench.suites import CASE_DRAW, RealSuite, cell_keys
@@ -210,6 +210,7 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
     checks = target_checks(summary) + (real_target_checks(rows, exact) if real else [])
     intervals = real_intervals(rows, names, budgets) if real else []
     title = f"cake bench quality · {loaded.name}"
+    half = f"{setup.suite.subset} documents" if real and setup.suite.subset else "all documents"
     output = setup.output
     png = plot or (output.with_suffix(".png") if output else None)
     err = stderr_console()
@@ -219,7 +220,10 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
     if png:
         draw(summary, png, f"{title} · {setup.suite.split} split, {len(rows)} answers")
     if markdown:
-        write_atomic(markdown, to_markdown(summary) + "\n" + to_markdown(exact), "markdown file")
+        text = to_markdown(summary) + "\n" + to_markdown(exact)
+        if intervals:
+            text += "\n" + intervals_markdown(intervals, budgets, f"{title} · {half}")
+        write_atomic(markdown, text, "markdown file")
     if setup.json_out:
         payload = {"meta": meta, "summary": summary.to_json(), "exact": exact.to_json(), "checks": checks}
         if real:
@@ -233,7 +237,6 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
             out.print(table)
     print_survival(out, rows, names, budgets, title)
     if intervals:
-        half = f"{setup.suite.subset} documents" if setup.suite.subset else "all documents"
         print_real_intervals(out, intervals, budgets, f"{title} · {half}")
     for line in checks:
         out.print(line)
@@ -246,22 +249,12 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
 def print_real_intervals(out, intervals: list[RealInterval], budgets: list[int], title: str) -> None:
     """The real suite's paired intervals (`report.real_intervals`) as one table: a row per other
     method and question group, a column per budget."""
-    versus = intervals[0].versus
-    out.print(
-        f"[bold]{escape(title)} · {versus} - other method, exact x 100, mean [95% paired bootstrap by question] "
-        "(* lower bound >= 0)[/]"
-    )
+    out.print(f"[bold]{escape(title)} · {escape(INTERVALS_HEADING.format(versus=intervals[0].versus))}[/]")
     table = Table()
     for name in ("vs", "questions", *(f"B={b}" for b in budgets)):
         table.add_column(name, justify="left" if name in ("vs", "questions") else "right")
-    at = {(iv.other, iv.questions, iv.budget): iv.interval for iv in intervals}
-    for other in dict.fromkeys(iv.other for iv in intervals):
-        for group in QUESTION_GROUPS:
-            cells = [at.get((other, group, b)) for b in budgets]
-            if not any(cells):
-                continue
-            n = next(iv.cases for iv in cells if iv is not None)
-            table.add_row(other, f"{group} ({n})", *("-" if iv is None else interval_cell(iv) for iv in cells))
+    for row in interval_grid(intervals, budgets):
+        table.add_row(*row)
     out.print(table)
 
 

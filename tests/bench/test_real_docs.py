@@ -70,6 +70,16 @@ def test_the_set_is_large_enough_and_its_ids_unique():
         assert all(bool(q.absent) == (not q.answerable) for q in doc.questions)  # version 2: key terms listed
     # every gold answer keeps words after SQuAD normalisation (an answer of punctuation alone can never be exact)
     assert all(normalize_answer(a) for q in questions for a in q.answers)
+    # and no gold answer is already in its question (restating the question would score exact), but for a
+    # question that names its options
+    choices = {"python-heapq-05"}  # "Does heappop() return the smallest or the largest item?"
+    given = [
+        (q.id, a)
+        for q in questions
+        for a in q.answers
+        if f" {normalize_answer(a)} " in f" {normalize_answer(q.question)} " and q.id not in choices
+    ]
+    assert given == []
 
 
 def test_the_split_is_by_document_and_both_halves_are_large_enough():

@@ -7,11 +7,11 @@ loader (`tasks.inputs.documents`) extracts from it, its length and pages, and it
 (the default model's tokenizer). Each question has its type, its gold answers and its evidence:
 the character offset (and PDF page) where a short quote of the passage that holds the answer
 starts. Unanswerable questions (type ``unanswerable``) have neither answers nor evidence: the
-document does not hold the answer, and they list the key terms (`absent`) an answer would need,
-none of which the text holds. Each document belongs to one half of a fixed split by document
-(`split`: "tune", on which settings may be chosen, or "held-out", which reports them). Version 1
-files (no split, no key terms) still load, with no split. The Debian documents are DFSG-free and CPython's are under the
-PSF licence, so the short quotes may be kept as evidence.
+document does not hold the answer; they list the key terms (`absent`) an answer would need, none
+of which the text holds. Each document belongs to one half of a fixed split by document (`split`:
+"tune", on which settings may be chosen, or "held-out", which reports them). Version 1 files (no
+split, no key terms) still load, without a split. The Debian documents are DFSG-free and
+CPython's are under the PSF licence, so the short quotes may be kept as evidence.
 
 Opening the set (`open_documents`) finds each document, extracts its text, and checks every
 quote: exactly at its offset (whitespace may differ: PDF lines wrap), else near it or anywhere

@@ -92,7 +92,7 @@ def quality(
             metavar="HALF",
             show_default=False,
             help="--suite real: ask one half of the set's fixed split by document, tune or held-out (default: "
-            "both); the report gives paired bootstrap intervals of CAKE against every other method on it.",
+            "both); the report's paired bootstrap intervals of CAKE against every other method are that half's.",
         ),
     ] = None,
     long: Annotated[

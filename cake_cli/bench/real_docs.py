@@ -1,14 +1,17 @@
 """The real-document QA set: questions on documents that Debian packages and CPython ship.
 
-The set (`data/real_qa.yaml`, validated strictly, version 1) stores no document text: each
+The set (`data/real_qa.yaml`, validated strictly, version 2) stores no document text: each
 document is named by where it is installed (a Debian package and the path of a PDF or text it
 ships, or a file of CPython's standard library), with the sha256 of the text the project's own
 loader (`tasks.inputs.documents`) extracts from it, its length and pages, and its token count
 (the default model's tokenizer). Each question has its type, its gold answers and its evidence:
 the character offset (and PDF page) where a short quote of the passage that holds the answer
 starts. Unanswerable questions (type ``unanswerable``) have neither answers nor evidence: the
-document does not hold the answer. The Debian documents are DFSG-free and CPython's are under the
-PSF licence, so the short quotes may be kept as evidence.
+document does not hold the answer; they list the key terms (`absent`) an answer would need, none
+of which the text holds. Each document belongs to one half of a fixed split by document (`split`:
+"tune", on which settings may be chosen, or "held-out", which reports them). Version 1 files (no
+split, no key terms) still load, without a split. The Debian documents are DFSG-free and
+CPython's are under the PSF licence, so the short quotes may be kept as evidence.
 
 Opening the set (`open_documents`) finds each document, extracts its text, and checks every
 quote: exactly at its offset (whitespace may differ: PDF lines wrap), else near it or anywhere
@@ -38,7 +41,9 @@ from rapidfuzz import fuzz
 from cake_cli.errors import CakeError
 from cake_cli.tasks.inputs.documents import Document, load_document, page_of_offset
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+VERSIONS = (1, 2)  # version 1: no `split` per document, no `absent` per unanswerable question
+SPLITS = ("tune", "held-out")  # the halves of the set, by document
 QUESTION_TYPES = ("name", "date", "number", "term", "reason", "unanswerable")
 UNANSWERABLE = "unanswerable"
 SOURCES = ("debian", "python")
@@ -70,6 +75,7 @@ class _Question(_Strict):
     type: Literal["name", "date", "number", "term", "reason", "unanswerable"]
     answers: list[Annotated[str, Field(min_length=1)]] = []
     evidence: _Evidence | None = None
+    absent: list[Annotated[str, Field(min_length=2)]] = []  # unanswerable: key terms the text must not hold
 
     @model_validator(mode="after")
     def _answerable(self) -> _Question:
@@ -77,6 +83,8 @@ class _Question(_Strict):
             raise ValueError(f"question {self.id}: an unanswerable question has no answers and no evidence")
         if self.type != UNANSWERABLE and (not self.answers or self.evidence is None):
             raise ValueError(f"question {self.id}: an answerable question needs answers and evidence")
+        if self.type != UNANSWERABLE and self.absent:
+            raise ValueError(f"question {self.id}: only an unanswerable question lists absent key terms")
         return self
 
 
@@ -91,6 +99,7 @@ class _Document(_Strict):
     chars: Annotated[int, Field(gt=0)]
     tokens: Annotated[int, Field(gt=0)]  # with the set's tokenizer
     pages: Annotated[int, Field(ge=1)] | None = None
+    split: Literal["tune", "held-out"] | None = None  # required from version 2
     questions: Annotated[list[_Question], Field(min_length=1)]
 
     @model_validator(mode="after")
@@ -111,8 +120,8 @@ class _SetFile(_Strict):
     @field_validator("version", mode="before")
     @classmethod
     def _version(cls, v: Any) -> Any:
-        if isinstance(v, bool) or v != SCHEMA_VERSION:
-            raise ValueError(f"version {v}, expected {SCHEMA_VERSION}")
+        if isinstance(v, bool) or v not in VERSIONS:
+            raise ValueError(f"version {v}, expected {SCHEMA_VERSION} (or {', '.join(map(str, VERSIONS[:-1]))})")
         return v
 
     @model_validator(mode="after")
@@ -121,6 +130,21 @@ class _SetFile(_Strict):
         twice = sorted({i for i in ids if ids.count(i) > 1})
         if twice:
             raise ValueError(f"ids used twice: {', '.join(twice)}")
+        return self
+
+    @model_validator(mode="after")
+    def _versioned(self) -> _SetFile:
+        """Version 2 needs each document's split and each unanswerable question's key terms; version 1
+        has neither."""
+        for d in self.documents:
+            unanswerable = [q for q in d.questions if q.type == UNANSWERABLE]
+            if self.version == 1 and (d.split is not None or any(q.absent for q in d.questions)):
+                raise ValueError(f"document {d.id}: split and absent key terms need version 2")
+            if self.version >= 2 and d.split is None:
+                raise ValueError(f"document {d.id}: no split (one of {', '.join(SPLITS)})")
+            if self.version >= 2 and any(not q.absent for q in unanswerable):
+                missing = next(q.id for q in unanswerable if not q.absent)
+                raise ValueError(f"question {missing}: an unanswerable question lists its absent key terms")
         return self
 
 
@@ -145,6 +169,7 @@ class RealQuestion:
     type: str  # of QUESTION_TYPES
     answers: tuple[str, ...]  # gold answers (any one is right); () when unanswerable
     evidence: Evidence | None  # None when unanswerable
+    absent: tuple[str, ...] = ()  # unanswerable: key terms an answer would need, none in the text
 
     @property
     def answerable(self) -> bool:
@@ -166,6 +191,7 @@ class RealDocument:
     tokens: int
     pages: int | None
     questions: tuple[RealQuestion, ...]
+    split: str | None = None  # of SPLITS (None in a version 1 file)
 
     @property
     def file(self) -> Path:
@@ -189,10 +215,23 @@ class RealSet:
     documents: tuple[RealDocument, ...]
     tokenizer: str
     python: str
+    version: int = SCHEMA_VERSION
 
     @property
     def questions(self) -> tuple[RealQuestion, ...]:
         return tuple(q for d in self.documents for q in d.questions)
+
+    def split_ids(self, split: str) -> tuple[str, ...]:
+        """The ids of the documents in one half of the set, in file order.
+
+        Raises:
+            CakeError: `split` is not one of SPLITS, or the set has no split (a version 1 file).
+        """
+        if split not in SPLITS:
+            raise CakeError(f"unknown split {split!r} of the real set", f"choose from {', '.join(SPLITS)}")
+        if any(d.split is None for d in self.documents):
+            raise CakeError(f"this real set (version {self.version}) has no split", "use a version 2 set")
+        return tuple(d.id for d in self.documents if d.split == split)
 
 
 def load_set(path: Path | None = None) -> RealSet:
@@ -234,13 +273,15 @@ def load_set(path: Path | None = None) -> RealSet:
                     q.type,
                     tuple(q.answers),
                     Evidence(q.evidence.offset, q.evidence.page, q.evidence.quote) if q.evidence else None,
+                    tuple(q.absent),
                 )
                 for q in d.questions
             ),
+            d.split,
         )
         for d in spec.documents
     )
-    return RealSet(documents, spec.tokenizer, spec.python)
+    return RealSet(documents, spec.tokenizer, spec.python, spec.version)
 
 
 # ---- reading the documents and checking the quotes ------------------------------------------
@@ -282,15 +323,21 @@ class Found:
     similarity: float  # 100 unless fuzzy
 
 
-def _spaced(quote: str) -> re.Pattern:
+def spaced_pattern(quote: str, flags: int = 0) -> re.Pattern:
     """A pattern for `quote` with any run of whitespace between its words."""
-    return re.compile(r"\s+".join(re.escape(word) for word in quote.split()))
+    return re.compile(r"\s+".join(re.escape(word) for word in quote.split()), flags)
+
+
+def present_terms(text: str, terms) -> list[str]:
+    """The terms found in `text` (case-insensitive, any whitespace between their words): for an
+    unanswerable question, the key terms the document should not hold."""
+    return [t for t in terms if spaced_pattern(t, re.IGNORECASE).search(text)]
 
 
 def find_quote(text: str, quote: str, offset: int) -> Found | None:
     """Find `quote` in `text`, stored at `offset`: there (whitespace may differ), near it, anywhere,
     then fuzzily (rapidfuzz partial ratio >= FUZZY_MIN, near the offset first); None if not found."""
-    pattern = _spaced(quote)
+    pattern = spaced_pattern(quote)
     hit = pattern.match(text, offset) if 0 <= offset <= len(text) else None
     if hit:
         return Found(hit.start(), hit.end(), "at offset", 100.0)

@@ -94,6 +94,7 @@ class RealSuite:
     documents: tuple[str, ...] = ()  # document ids of the set (empty: all)
     quick: bool = False  # two questions per document: its first answerable and first unanswerable one
     long: str = "middle"  # a document longer than the length: "middle" (cut) or "sections" (`tasks.sections`)
+    subset: str | None = None  # the half of the set's split by document asked ("tune", "held-out"); None: all
     tasks: tuple[str, ...] = REAL_TASKS  # the row tasks (`scoring.REAL_WEIGHTS`)
     split: str = "real"
     depths: tuple[float, ...] = ()

@@ -12,7 +12,7 @@ import typer
 from cake_cli.bench.datasets import HAYSTACKS, data_dir
 from cake_cli.bench.genre_cases import GENRE_TASKS, GenreSuite
 from cake_cli.bench.genres import GENRES, WHEEL_GENRES, missing_genre
-from cake_cli.bench.real_docs import load_set
+from cake_cli.bench.real_docs import SPLITS, load_set
 from cake_cli.bench.suites import REAL_LENGTHS, SUITES, TASKS, RealSuite, Suite, Variant, parse_variants
 from cake_cli.bench.tau_search import profile_variants, tau_variants
 from cake_cli.cli import options as o
@@ -168,25 +168,42 @@ def suite_from(base: Suite, tasks, lengths, depths, repeats, name: str = "needle
     )
 
 
-def real_suite_from(lengths, documents, quick: bool, long: str = MIDDLE, **needle_only) -> RealSuite:
+def real_suite_from(
+    lengths, documents, quick: bool, long: str = MIDDLE, split: str | None = None, **needle_only
+) -> RealSuite:
     """The real-document suite from its options (`needle_only`: the needle suite's options, which
     must be left out). The set is read and checked here (cheap), the documents by the runner.
+    With `split` ("tune" or "held-out") the suite asks that half's documents (those of it named in
+    `documents`, when given).
 
     Raises:
-        UsageError: a needle-suite option given, or bad --lengths; CakeError: an unknown document id,
-            or an invalid set file.
+        UsageError: a needle-suite option given, bad --lengths, an unknown split, or a document
+            named that is not in the split; CakeError: an unknown document id, or an invalid set file.
     """
     given = [f"--{name}" for name, value in needle_only.items() if value is not None]
     if long not in LONG_MODES:
         raise unknown_name("--long mode", long, LONG_MODES)
     if given:
         raise UsageError(f"{', '.join(given)} apply to --suite needle only", "leave them out with --suite real")
+    real = load_set()
     ids = tuple(d.strip() for d in documents.split(",") if d.strip()) if documents else ()
-    known = [d.id for d in load_set().documents]
+    known = [d.id for d in real.documents]
     for name in ids:
         if name not in known:
             raise unknown_name("document", name, known)
-    return RealSuite(tuple(int_list(lengths, "--lengths")) if lengths else REAL_LENGTHS, ids, quick, long)
+    if split is not None:
+        if split not in SPLITS:
+            raise unknown_name("--split", split, SPLITS)
+        half = real.split_ids(split)
+        outside = [name for name in ids if name not in half]
+        if outside:
+            raise UsageError(
+                f"{', '.join(outside)} {'is' if len(outside) == 1 else 'are'} not in the {split} split",
+                f"choose from {', '.join(half)}, or leave --split out",
+            )
+        ids = ids or half
+    lengths = tuple(int_list(lengths, "--lengths")) if lengths else REAL_LENGTHS
+    return RealSuite(lengths, ids, quick, long, subset=split)
 
 
 @dataclass(frozen=True)

@@ -18,19 +18,24 @@ from typer.testing import CliRunner
 
 import cake_cli.bench.quality.real as real
 import cake_cli.cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
+from cake_cli.bench.bootstrap import paired_interval
 from cake_cli.bench.quality.real import RealCase, _row, common_prefix, selected
+from cake_cli.bench.quality.report import real_intervals
 from cake_cli.bench.real_docs import (
     QUESTION_TYPES,
+    SPLITS,
     UNANSWERABLE,
     check_document,
     data_path,
     find_quote,
     load_set,
+    present_terms,
     read_document,
     text_sha256,
 )
-from cake_cli.bench.scoring import real_scores
+from cake_cli.bench.scoring import normalize_answer, real_scores
 from cake_cli.bench.suites import REAL_TASKS, Variant
+from cake_cli.cli.bench_options import real_suite_from
 from cake_cli.cli.main import app
 from cake_cli.engine.replay import prefix_cache
 from cake_cli.errors import CakeError
@@ -48,16 +53,50 @@ runner = CliRunner()
 
 def test_the_set_is_large_enough_and_its_ids_unique():
     questions = REAL.questions
-    assert len(REAL.documents) >= 8 and len(questions) >= 60
-    assert sum(not q.answerable for q in questions) >= 12
+    assert len(REAL.documents) >= 12 and len(questions) >= 150
+    assert sum(not q.answerable for q in questions) >= 30
     assert {q.type for q in questions} <= set(QUESTION_TYPES)
+    assert len({q.type for q in questions}) == len(QUESTION_TYPES)  # every kind of question is asked
     ids = [q.id for q in questions]
     assert len(set(ids)) == len(ids)
-    in_range = [d for d in REAL.documents if 4000 <= d.tokens <= 32000]
-    assert len(in_range) >= 8  # the FAQ is longer on purpose: the middle cut drops part of it
+    assert all(2000 <= d.tokens <= 42000 for d in REAL.documents)
+    assert (
+        sum(d.tokens <= 6000 for d in REAL.documents) >= 4
+        and sum(8000 <= d.tokens <= 20000 for d in REAL.documents) >= 4
+    )
     for doc in REAL.documents:
         assert any(q.answerable for q in doc.questions) and any(not q.answerable for q in doc.questions)
         assert (doc.source == "debian") == (doc.package is not None)
+        assert all(bool(q.absent) == (not q.answerable) for q in doc.questions)  # version 2: key terms listed
+    # every gold answer keeps words after SQuAD normalisation (an answer of punctuation alone can never be exact)
+    assert all(normalize_answer(a) for q in questions for a in q.answers)
+    # and no gold answer is already in its question (restating the question would score exact), but for a
+    # question that names its options
+    choices = {"python-heapq-05"}  # "Does heappop() return the smallest or the largest item?"
+    given = [
+        (q.id, a)
+        for q in questions
+        for a in q.answers
+        if f" {normalize_answer(a)} " in f" {normalize_answer(q.question)} " and q.id not in choices
+    ]
+    assert given == []
+
+
+def test_the_split_is_by_document_and_both_halves_are_large_enough():
+    assert REAL.version == 2 and {d.split for d in REAL.documents} == set(SPLITS)
+    halves = {s: [d for d in REAL.documents if d.split == s] for s in SPLITS}
+    assert sorted(i for s in SPLITS for i in REAL.split_ids(s)) == sorted(IDS)  # each document in one half
+    for split, docs in halves.items():
+        assert list(REAL.split_ids(split)) == [d.id for d in docs]
+        questions = [q for d in docs for q in d.questions]
+        assert len(docs) >= 6 and len(questions) >= 70, split
+        assert sum(not q.answerable for q in questions) >= 14, split
+        assert min(d.tokens for d in docs) <= 6000 and max(d.tokens for d in docs) >= 14000, split  # short and long
+        assert {d.source for d in docs} == {"debian", "python"}, split
+    sizes = [sum(len(d.questions) for d in docs) for docs in halves.values()]
+    assert max(sizes) <= 1.25 * min(sizes)  # roughly half each
+    with pytest.raises(CakeError, match="unknown split"):
+        REAL.split_ids("test")
 
 
 def _write(tmp_path, data) -> object:
@@ -73,7 +112,12 @@ def _good() -> dict:
 @pytest.mark.parametrize(
     "spoil, words",
     [
-        (lambda d: d.update(version=2), "version"),
+        (lambda d: d.update(version=3), "version"),
+        (lambda d: d.update(version=1), "need version 2"),  # a version 1 file has no split
+        (lambda d: d["documents"][0].update(split="dev"), "split"),
+        (lambda d: d["documents"][0].pop("split"), "no split"),
+        (lambda d: d["documents"][0]["questions"][-1].pop("absent"), "absent key terms"),
+        (lambda d: d["documents"][0]["questions"][0].update(absent=["x y"]), "only an unanswerable"),
         (lambda d: d["documents"][0].update(colour="blue"), "colour"),
         (lambda d: d["documents"][0]["questions"][0].pop("evidence"), "needs answers and evidence"),
         (lambda d: d["documents"][0]["questions"][0].update(type="guess"), "type"),
@@ -90,6 +134,20 @@ def test_the_loader_is_strict(tmp_path, spoil, words):
     with pytest.raises(CakeError) as info:
         load_set(_write(tmp_path, data))
     assert words in str(info.value)
+
+
+def test_a_version_1_file_still_loads_without_a_split(tmp_path):
+    data = _good()
+    data["version"] = 1
+    for doc in data["documents"]:
+        doc.pop("split")
+        for q in doc["questions"]:
+            q.pop("absent", None)
+    old = load_set(_write(tmp_path, data))
+    assert old.version == 1 and len(old.questions) == len(REAL.questions)
+    assert all(d.split is None for d in old.documents) and all(not q.absent for q in old.questions)
+    with pytest.raises(CakeError, match="has no split"):
+        old.split_ids("held-out")
 
 
 # ---- every quote at its offset, per document ----------------------------------------------
@@ -116,6 +174,19 @@ def test_every_quote_is_in_its_document_at_its_offset(doc_id):
         assert found.how == "at offset" and found.start == q.evidence.offset, q.id
         assert page_of_offset(doc, found.start) == q.evidence.page, q.id
         assert " ".join(doc.text[found.start : found.end].split()) == " ".join(q.evidence.quote.split())
+    # an unanswerable question's key terms are nowhere in the text (case and line breaks aside)
+    for q in spec.questions:
+        if not q.answerable:
+            assert q.absent and present_terms(doc.text, q.absent) == [], q.id
+
+
+def test_present_terms_ignores_case_and_line_breaks():
+    text = "The Debian\nProject Leader is elected yearly."
+    assert present_terms(text, ["project leader", "debian project", "salary", "yearly."]) == [
+        "project leader",
+        "debian project",
+        "yearly.",
+    ]
 
 
 def test_a_missing_package_is_skipped_with_its_name(tmp_path):
@@ -223,19 +294,26 @@ TINY_REAL = ["bench", "quality", "--suite", "real", "--model", "tiny-test", "--t
 
 def test_real_suite_end_to_end_then_resume(cli_env):
     out = cli_env / "real.json"
-    args = [*TINY_REAL, "--documents", "python-textwrap", "--quick", "--lengths", "600", "--budgets", "32"]
-    args += ["--methods", "full,cake,h2o", "--output", str(out)]  # h2o: the recording keeps every query's attention
+    args = [*TINY_REAL, "--documents", "python-textwrap", "--split", "tune", "--quick", "--lengths", "600"]
+    args += ["--budgets", "32", "--methods", "full,cake,h2o", "--output", str(out)]  # h2o: records every query
+    args += ["--markdown", str(cli_env / "real.md")]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
     data = json.loads(out.read_text())
     rows = data["rows"]
     assert len(rows) == 2 * 3  # 2 questions (quick) x (full + cake + h2o at one budget)
     assert data["meta"]["split"] == "real" and data["meta"]["documents"] == ["python-textwrap"]
+    assert data["meta"]["subset"] == "tune"
     assert {r["task"] for r in rows} <= set(REAL_TASKS) and {r["source"] for r in rows} == {"python-textwrap"}
     assert all(r["support"] in ("located", "unsupported", "abstained") for r in rows)
     assert all(0.0 <= r["score"] <= 1.0 and r["exact"] in (0.0, 1.0) for r in rows)
     assert all(r["prompt_tokens"] <= 600 for r in rows)
     assert "real documents" in result.stdout and "overall" in result.stdout
+    # the paired intervals of cake against full and h2o, by question, on the tune documents
+    assert "tune documents" in result.stdout and "paired bootstrap by question" in result.stdout
+    assert "all questions (2)" in result.stdout and "answerable (1)" in result.stdout
+    table = (cli_env / "real.md").read_text()
+    assert "tune documents · cake - other method" in table and "| h2o | answerable (1) |" in table
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "resuming" in again.stderr
     assert json.loads(out.read_text())["rows"] == rows
@@ -259,6 +337,8 @@ def test_real_suite_with_sections(cli_env):
         (["--long", "sideways"], "unknown --long mode"),
         (["--depths", "0.5"], "--depths apply to --suite needle only"),
         (["--tasks", "qa"], "--tasks apply to --suite needle only"),
+        (["--split", "dev"], "unknown --split 'dev'"),
+        (["--split", "held-out", "--documents", "python-shlex"], "python-shlex is not in the held-out split"),
     ],
 )
 def test_real_suite_usage_errors(cli_env, extra, message):
@@ -274,6 +354,43 @@ def test_documents_needs_the_real_suite(cli_env):
     assert unknown.exit_code == 2 and "did you mean 'real'" in unknown.stderr
     needle = runner.invoke(app, ["bench", "quality", "--model", "tiny-test", "--long", "sections"])
     assert needle.exit_code == 2 and "--long applies to --suite real only" in needle.stderr
+    split = runner.invoke(app, ["bench", "quality", "--model", "tiny-test", "--split", "held-out"])
+    assert split.exit_code == 2 and "--split applies to --suite real only" in split.stderr
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_split_asks_that_half_of_the_documents(split):
+    suite = real_suite_from(None, None, False, split=split)
+    assert suite.subset == split and suite.documents == REAL.split_ids(split)
+    assert {next(d.split for d in REAL.documents if d.id == i) for i in suite.documents} == {split}
+    one = REAL.split_ids(split)[-1]
+    assert real_suite_from(None, one, False, split=split).documents == (one,)  # --documents within the half
+    everything = real_suite_from(None, None, False)
+    assert everything.subset is None and everything.documents == ()  # no split: every installed document
+
+
+def test_real_intervals_pair_by_question_against_full_and_each_baseline():
+    """`report.real_intervals` against `bootstrap.paired_interval` on the questions paired by hand."""
+    exact = {  # question -> (task, full, cake at 64, snapkv at 64)
+        "q1": ("real", 1.0, 1.0, 0.0),
+        "q2": ("real", 1.0, 0.0, 0.0),
+        "q3": ("real-absent", 0.0, 1.0, 1.0),
+        "q4": ("real", 0.0, 1.0, 1.0),
+        "q5": ("real-cut", 1.0, 1.0, 0.0),
+    }
+    rows = []
+    for q, (task, *scores) in exact.items():
+        for (method, budget), x in zip([("full", None), ("cake", 64), ("snapkv", 64)], scores):
+            rows.append(dict(task=task, case_id=q, length=32768, method=method, budget=budget, exact=x, score=x))
+    got = {(iv.other, iv.questions): iv.interval for iv in real_intervals(rows, ["full", "cake", "snapkv"], [64])}
+    assert set(got) == {(m, g) for m in ("full", "snapkv") for g in ("all questions", "answerable")}
+    answerable = [q for q, v in exact.items() if v[0] == "real"]
+    for other, col in (("full", 1), ("snapkv", 3)):
+        for group, qs in (("all questions", sorted(exact)), ("answerable", sorted(answerable))):
+            want = paired_interval([exact[q][2] for q in qs], [exact[q][col] for q in qs])
+            assert got[(other, group)] == want, (other, group)
+    assert got[("full", "answerable")].cases == 3 and got[("snapkv", "all questions")].mean == pytest.approx(0.4)
+    assert real_intervals(rows, ["full", "snapkv"], [64]) == []  # no cake in the run: nothing to compare
 
 
 def test_page_of_offset_is_the_evidence_page():  # a PDF's evidence names its page

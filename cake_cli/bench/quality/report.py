@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cake_cli.bench.bootstrap import Interval, claim, paired_intervals
 from cake_cli.bench.scoring import ABSTAIN_TASKS, TASK_WEIGHTS, weighted_overall
 from cake_cli.bench.suites import CASE_DRAW, result_key
 from cake_cli.errors import CakeError, UsageError
@@ -342,6 +343,72 @@ def real_target_checks(rows: list[dict], exact: Summary, method: str = "cake") -
             "found in the document; the others are flagged unsupported"
         )
     return lines
+
+
+REAL_ANSWERABLE = ("real", "real-middle")  # the real suite's tasks with a gold answer in the text read
+QUESTION_GROUPS = {  # the questions an interval of the real suite is taken over
+    "all questions": lambda r: True,
+    "answerable": lambda r: r["task"] in REAL_ANSWERABLE,
+}
+
+
+@dataclass(frozen=True)
+class RealInterval:
+    """The paired bootstrap interval (by question) of `versus` - `other` exact accuracy at one budget."""
+
+    versus: str
+    other: str
+    budget: int
+    questions: str  # a key of QUESTION_GROUPS
+    interval: Interval
+
+    def to_json(self) -> dict:
+        head = {"method": self.versus, "versus": self.other, "budget": self.budget, "questions": self.questions}
+        return head | self.interval.to_json()
+
+
+def real_intervals(rows: list[dict], methods, budgets, versus: str = "cake", **kwargs) -> list[RealInterval]:
+    """The paired bootstrap intervals (`bench.bootstrap.paired_intervals`, paired by question and
+    length) of `versus`'s exact accuracy minus every other method's ("full" included), at each budget,
+    over all questions and over the answerable ones; [] when `versus` is not in the run.
+
+    Args:
+        rows: the real suite's result rows (of the documents asked, e.g. one half of the split).
+        kwargs: `bootstrap.paired_interval`'s resamples, level, seed.
+    """
+    if versus not in methods:
+        return []
+    out = []
+    for group, pick in QUESTION_GROUPS.items():
+        intervals = paired_intervals(rows, versus, methods, budgets, "exact", cases=pick, **kwargs)
+        out += [
+            RealInterval(versus, m, b, group, intervals[(m, b)])
+            for m in methods
+            for b in budgets
+            if (m, b) in intervals
+        ]
+    return out
+
+
+INTERVALS_HEADING = "{versus} - other method, exact x 100, mean [95% paired bootstrap by question] (* lower bound >= 0)"
+
+
+def interval_grid(intervals: list[RealInterval], budgets) -> list[list[str]]:
+    """Rows [other method, "questions (n)", `interval_cell` at each budget] of `real_intervals`."""
+    at = {(iv.other, iv.questions, iv.budget): iv.interval for iv in intervals}
+    rows = []
+    for other in dict.fromkeys(iv.other for iv in intervals):
+        for group in QUESTION_GROUPS:
+            cells = [at.get((other, group, b)) for b in budgets]
+            if any(cells):
+                n = next(iv.cases for iv in cells if iv is not None)
+                rows.append([other, f"{group} ({n})", *("-" if iv is None else interval_cell(iv) for iv in cells)])
+    return rows
+
+
+def interval_cell(iv: Interval) -> str:
+    """'mean [low, high]' of a difference x 100, marked '*' where the lower bound is >= 0."""
+    return f"{100 * iv.mean:+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]{'*' if claim(iv) else ''}"
 
 
 def fmt_score(x: float | None) -> str:

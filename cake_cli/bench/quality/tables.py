@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from cake_cli.bench.quality.report import TASK_TITLES, Summary, fmt_score
+from cake_cli.bench.quality.report import (
+    INTERVALS_HEADING,
+    TASK_TITLES,
+    RealInterval,
+    Summary,
+    fmt_score,
+    interval_grid,
+)
 
 UNITS = {"score": "score x 100", "exact": "exact-answer accuracy %"}
 
@@ -47,6 +54,15 @@ def rich_tables(summary: Summary, title: str) -> list:
             table.add_row(*row)
         out.append((f"{title} · {heading}{unit}", table))
     return out
+
+
+def intervals_markdown(intervals: list[RealInterval], budgets, title: str) -> str:
+    """The real suite's paired intervals (`report.interval_grid`) as one GitHub markdown table."""
+    heading = INTERVALS_HEADING.format(versus=intervals[0].versus)
+    head = "| vs | questions | " + " | ".join(f"B={b}" for b in budgets) + " |"
+    rule = "|---|---|" + "---:|" * len(budgets)
+    body = ["| " + " | ".join(row) + " |" for row in interval_grid(intervals, budgets)]
+    return f"**{title} · {heading}**\n\n" + "\n".join([head, rule, *body]) + "\n"
 
 
 def markdown(summary: Summary) -> str:

@@ -85,6 +85,16 @@ def quality(
             help="--suite real: the set's document ids to ask, comma-separated (default: every installed one).",
         ),
     ] = None,
+    split: Annotated[
+        str | None,
+        typer.Option(
+            "--split",
+            metavar="HALF",
+            show_default=False,
+            help="--suite real: ask one half of the set's fixed split by document, tune or held-out (default: "
+            "both); the report's paired bootstrap intervals of CAKE against every other method are that half's.",
+        ),
+    ] = None,
     long: Annotated[
         str,
         typer.Option(
@@ -142,8 +152,12 @@ def quality(
             raise UsageError(
                 "--genres and --seed apply to --suite genres only", "add --suite genres, or leave them out"
             )
+        if split is not None and suite != "real":
+            raise UsageError("--split applies to --suite real only", "add --suite real, or leave --split out")
         if suite == "real":
-            chosen = real_suite_from(lengths, documents, quick, long, tasks=tasks, depths=depths, repeats=repeats)
+            chosen = real_suite_from(
+                lengths, documents, quick, long, split, tasks=tasks, depths=depths, repeats=repeats
+            )
         elif suite == "genres":
             if long != "middle" or documents:
                 raise UsageError("--long and --documents apply to --suite real only", "leave them out")

@@ -20,10 +20,14 @@ from cake_cli.bench.quality.plot import plot as draw
 from cake_cli.bench.quality.real import count_steps as count_real_steps
 from cake_cli.bench.quality.real import run_real
 from cake_cli.bench.quality.report import (
+    INTERVALS_HEADING,
+    RealInterval,
     check_resumable,
     fmt_score,
+    interval_grid,
     load_results,
     of_setting,
+    real_intervals,
     real_target_checks,
     row_key,
     rows_as_dicts,
@@ -33,8 +37,8 @@ from cake_cli.bench.quality.report import (
 )
 from cake_cli.bench.quality.run import Model as QualityModel
 from cake_cli.bench.quality.run import count_steps, expected_taus, run_grid
+from cake_cli.bench.quality.tables import intervals_markdown, rich_tables
 from cake_cli.bench.quality.tables import markdown as to_markdown
-from cake_cli.bench.quality.tables import rich_tables
 from cake_cli.bench.real_docs import load_set, open_documents
 from cake_cli.bench.scoring import GENRE_WEIGHTS, REAL_WEIGHTS, TASK_WEIGHTS
 from cake_cli.bench.suites import CASE_DRAW, RealSuite, cell_keys
@@ -64,7 +68,7 @@ def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
         "repeats": suite.repeats,
         "draw": CASE_DRAW,
         **(
-            {"documents": list(suite.documents), "quick": suite.quick, "long": suite.long}
+            {"documents": list(suite.documents), "subset": suite.subset, "quick": suite.quick, "long": suite.long}
             if isinstance(suite, RealSuite)
             else {}
         ),
@@ -204,7 +208,9 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
     summary = summarize(rows, names, budgets, weights=weights)
     exact = summarize(rows, names, budgets, metric="exact", weights=weights)
     checks = target_checks(summary) + (real_target_checks(rows, exact) if real else [])
+    intervals = real_intervals(rows, names, budgets) if real else []
     title = f"cake bench quality · {loaded.name}"
+    half = f"{setup.suite.subset} documents" if real and setup.suite.subset else "all documents"
     output = setup.output
     png = plot or (output.with_suffix(".png") if output else None)
     err = stderr_console()
@@ -214,9 +220,14 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
     if png:
         draw(summary, png, f"{title} · {setup.suite.split} split, {len(rows)} answers")
     if markdown:
-        write_atomic(markdown, to_markdown(summary) + "\n" + to_markdown(exact), "markdown file")
+        text = to_markdown(summary) + "\n" + to_markdown(exact)
+        if intervals:
+            text += "\n" + intervals_markdown(intervals, budgets, f"{title} · {half}")
+        write_atomic(markdown, text, "markdown file")
     if setup.json_out:
         payload = {"meta": meta, "summary": summary.to_json(), "exact": exact.to_json(), "checks": checks}
+        if real:
+            payload["intervals"] = [iv.to_json() for iv in intervals]
         sys.stdout.write(json.dumps(payload, indent=1) + "\n")
         return
     out = console(stderr=False)
@@ -225,12 +236,26 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
             out.print(f"[bold]{escape(heading)}[/]")
             out.print(table)
     print_survival(out, rows, names, budgets, title)
+    if intervals:
+        print_real_intervals(out, intervals, budgets, f"{title} · {half}")
     for line in checks:
         out.print(line)
     if png:
         err.print(f"[dim]plot: {escape(str(png))}[/]")
     if output:
         err.print(f"[dim]results: {escape(str(output))}[/]")
+
+
+def print_real_intervals(out, intervals: list[RealInterval], budgets: list[int], title: str) -> None:
+    """The real suite's paired intervals (`report.real_intervals`) as one table: a row per other
+    method and question group, a column per budget."""
+    out.print(f"[bold]{escape(title)} · {escape(INTERVALS_HEADING.format(versus=intervals[0].versus))}[/]")
+    table = Table()
+    for name in ("vs", "questions", *(f"B={b}" for b in budgets)):
+        table.add_column(name, justify="left" if name in ("vs", "questions") else "right")
+    for row in interval_grid(intervals, budgets):
+        table.add_row(*row)
+    out.print(table)
 
 
 def tau_search(setup: GridSetup, search: SearchGrid, write_profile: Path | None) -> None:

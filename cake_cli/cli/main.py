@@ -16,6 +16,7 @@ from cake_cli.cli.commands import (  # noqa: F401 - registers the other commands
     compress,
     info,
     inspect_layers,
+    serve,
 )
 
 __all__ = ["app", "main"]

@@ -28,11 +28,12 @@ from cake_cli.cli.progress import StderrProgress
 from cake_cli.cli.report import render, render_compress, turn_line
 from cake_cli.cli.stream import AnswerStream
 from cake_cli.files import write_atomic
+from cake_cli.tasks import pipeline
 from cake_cli.tasks.planning import for_fields
 from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.results import RunResult, human_bytes
 from cake_cli.tasks.runner import ready_model
-from cake_cli.tasks.saved.compress import answer, compress, open_prefix
+from cake_cli.tasks.saved.compress import compress
 from cake_cli.tasks.saved.store import compress_result, held_quantized, save
 
 EXIT_WORDS = {"exit", "quit", ":q"}
@@ -81,7 +82,8 @@ def answer_and_report(plans: list[Plan], opts: TaskOptions, progress: StderrProg
     next heading; --json: one object (`results` for several)."""
     stream = AnswerStream()
     cb = _callbacks(opts, progress, None if opts.json_out else stream)
-    compressed = open_prefix(plans[0], cb, ready_model(plans[0].request, cb))
+    ready = ready_model(plans[0].request, cb)
+    prefix = pipeline.open_prefix(ready, plans[0], cb)
     results: list[RunResult] = []
     several = len(plans) > 1  # several questions (qa Q1 Q2); else one task, maybe without a question
     asked = [p.request.fields["question"] for p in plans] if several else []
@@ -96,7 +98,7 @@ def answer_and_report(plans: list[Plan], opts: TaskOptions, progress: StderrProg
             asking = replace(
                 cb, on_warning=lambda message, at=index: cb.on_warning(f"[{at + 1}/{len(plans)}] {message}")
             )
-        results.append(answer(compressed, plan, asking))
+        results.append(pipeline.run(ready, plan, prefix, asking))
         stream.end_line()
     if opts.json_out:
         data = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
@@ -170,7 +172,8 @@ def chat(
     """
     stream = AnswerStream()
     cb = _callbacks(opts, progress, None if opts.json_out else stream)
-    compressed = held_quantized(open_prefix(plan, cb, ready_model(plan.request, cb), scoring), bits)
+    ready = ready_model(plan.request, cb)
+    compressed = held_quantized(pipeline.open_prefix(ready, plan, cb, scoring).compressed, bits)
     n, kv = len(compressed.meta.prefix_ids), human_bytes(compressed.state.kv_bytes)
     held = (
         f"kept whole ({kv} of KV cache; each question evicts a copy)"
@@ -183,7 +186,7 @@ def chat(
     try:
         for question in questions(progress):
             try:
-                result = answer(compressed, for_fields(plan, {"question": question}), cb)
+                result = pipeline.run(ready, for_fields(plan, {"question": question}), pipeline.Prefix(compressed), cb)
             except KeyboardInterrupt:  # stop this answer only; the compressed document is untouched
                 stream.end_line()
                 progress.console.print(

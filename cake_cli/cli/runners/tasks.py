@@ -13,9 +13,9 @@ from cake_cli.cli.report import render
 from cake_cli.cli.runners import compress as sessions
 from cake_cli.cli.stream import AnswerStream
 from cake_cli.files import write_atomic
-from cake_cli.tasks.request import SECTIONS, Callbacks, Plan
-from cake_cli.tasks.runner import run_task
-from cake_cli.tasks.sections import run_sections
+from cake_cli.tasks import pipeline
+from cake_cli.tasks.request import Callbacks, Plan
+from cake_cli.tasks.runner import ready_model
 
 
 def run_and_report(plans: list[Plan], opts: TaskOptions, progress: StderrProgress, output: Path | None) -> None:
@@ -38,7 +38,7 @@ def run_and_report(plans: list[Plan], opts: TaskOptions, progress: StderrProgres
         on_layer=progress.layer,
         on_warning=on_warning,
     )
-    result = (run_sections if plan.request.long == SECTIONS else run_task)(plan, callbacks)
+    result = pipeline.run(ready_model(plan.request, callbacks), plan, pipeline.FRESH, callbacks)
     if opts.json_out:
         text = json.dumps(result.to_dict(), indent=2) + "\n"
         sys.stdout.write(text)

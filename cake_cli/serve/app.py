@@ -128,6 +128,8 @@ class Server:
                     await run_sync(stream.close)
                 self.streams.discard(stream)
                 job.phase = "cancelled" if stream.cancelled else "done"
+                if stream.cancelled:
+                    self.queue.counts["cancelled"] += 1
             name, cache = body.cake.document, prepared.cache
             yield Served(stream.result, name, cache, prepared.compressed_now, prepared.compress_seconds, waited)
 
@@ -150,7 +152,8 @@ class Server:
             async for item in self.answer(request, job, body, task):
                 served = item if isinstance(item, Served) else served
         except (CakeError, ConfigError) as exc:
-            self.queue.counts["cancelled" if isinstance(exc, pipeline.Cancelled) else "failed"] += 1
+            if not isinstance(exc, pipeline.Cancelled):
+                self.queue.counts["failed"] += 1
             raise from_cake(exc) from None
         finally:
             self.queue.leave(job)
@@ -170,7 +173,8 @@ class Server:
                 else:
                     yield sse(reply.chunk(item))
         except (CakeError, ConfigError) as exc:
-            self.queue.counts["cancelled" if isinstance(exc, pipeline.Cancelled) else "failed"] += 1
+            if not isinstance(exc, pipeline.Cancelled):
+                self.queue.counts["failed"] += 1
             yield sse(from_cake(exc).body())
         except Exception as exc:  # the status line is sent: the error goes in the stream
             log.exception("unexpected error while streaming")

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 
 from cake_cli.engine.config import ConfigError, SamplingConfig
 from cake_cli.errors import CakeError
-from cake_cli.serve.documents import DocumentFolder
+from cake_cli.serve.documents import SERVED_SCORINGS, DocumentFolder
 from cake_cli.serve.errors import AUTH, NOT_FOUND, SERVER, TOO_LARGE, ApiError, from_cake
 from cake_cli.serve.protocol import FIELD_OF, TASKS, ChatBody, CompletionBody, Reply, Served, parse
 from cake_cli.serve.settings import ServeSettings
@@ -84,6 +84,9 @@ class Server:
         if field and not question:
             where = "the last user message" if isinstance(body, ChatBody) else "prompt"
             raise ApiError(400, f"task {cake.task} needs a question: {where} is empty", code="invalid_value")
+        if cake.scoring is not None and cake.scoring not in SERVED_SCORINGS:
+            served = ", ".join(SERVED_SCORINGS)
+            raise ApiError(400, f"cake.scoring '{cake.scoring}' is not one of {served}", code="scoring")
         limit = body.limit()
         if limit is not None and limit > self.settings.max_tokens:
             raise ApiError(400, f"max_tokens {limit} is over this server's limit of {self.settings.max_tokens}")
@@ -115,7 +118,7 @@ class Server:
             waited = job.started - job.admitted
             cb = Callbacks(on_layer=job.on_layer)
             with anyio.CancelScope(shield=True):  # the model is busy until it returns, whatever the client does
-                prepared = await run_sync(self.folder.prepare, body.cake.document, task, cb)
+                prepared = await run_sync(self.folder.prepare, body.cake.document, task, cb, body.cake.scoring)
             stream = pipeline.stream(self.ready, prepared.plan, prepared.prefix, replace(cb, on_text=job.on_text))
             self.streams.add(stream)
             try:
@@ -131,7 +134,8 @@ class Server:
                 if stream.cancelled:
                     self.queue.counts["cancelled"] += 1
             name, cache = body.cake.document, prepared.cache
-            yield Served(stream.result, name, cache, prepared.compressed_now, prepared.compress_seconds, waited)
+            now, seconds = prepared.compressed_now, prepared.compress_seconds
+            yield Served(stream.result, name, cache, now, seconds, waited, prepared.read_now)
 
     async def complete(self, request: Request, kind) -> JSONResponse | StreamingResponse:
         self.authorize(request)
@@ -172,10 +176,10 @@ class Server:
                     yield sse(reply.chunk(served=item))
                 else:
                     yield sse(reply.chunk(item))
-        except (CakeError, ConfigError) as exc:
+        except (CakeError, ConfigError, ApiError) as exc:
             if not isinstance(exc, pipeline.Cancelled):
                 self.queue.counts["failed"] += 1
-            yield sse(from_cake(exc).body())
+            yield sse((exc if isinstance(exc, ApiError) else from_cake(exc)).body())
         except Exception as exc:  # the status line is sent: the error goes in the stream
             log.exception("unexpected error while streaming")
             yield sse(ApiError(500, f"internal error: {type(exc).__name__}", SERVER).body())
@@ -276,14 +280,17 @@ def create_app(settings: ServeSettings, ready: ReadyModel, model_id: str) -> Fas
         return {"object": "list", "data": [{"id": name, "object": "document"} for name in server.folder.names()]}
 
     @app.post("/v1/documents")
-    async def upload(request: Request, name: str = "") -> JSONResponse:
+    async def upload(
+        request: Request, name: str = "", scoring: str | None = None, budget: int | None = None
+    ) -> JSONResponse:
         server.authorize(request)
         data = await read_body(request, settings.max_upload)
         job = server.queue.admit("upload", name)
         async with server.queue.turn(job):
             with anyio.CancelScope(shield=True):
                 try:
-                    out = await run_sync(server.folder.upload, name, data, server.base)
+                    base = replace(server.base, budget=budget)
+                    out = await run_sync(server.folder.upload, name, data, base, None, scoring)
                 except (CakeError, ConfigError) as exc:
                     raise from_cake(exc) from None
             job.phase = "done"

@@ -26,9 +26,11 @@ from cake_cli.tasks.planning import plan
 from cake_cli.tasks.request import COMPRESS, Callbacks, Plan, TaskRequest
 from cake_cli.tasks.runner import ReadyModel
 from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING, FORMAT_VERSION, SUFFIX, SavedCache, read_saved
+from cake_cli.tasks.saved.request import check_scoring_method
 
 CACHE_DIR = ".cake-cache"
 UPLOAD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._ -]{0,199}")  # one plain file name, no folders
+SERVED_SCORINGS = ("question", "end", "instruction")  # reconstruct (4-5x a prefill) is `cake compress`'s
 UPLOAD_SUFFIXES = (".txt", ".md", ".pdf", ".rst", ".csv", ".json", ".html", ".xml", ".log", ".tex")
 
 
@@ -41,6 +43,7 @@ class Prepared:
     cache: str  # the .cake, relative to the served folder
     compressed_now: bool
     compress_seconds: float
+    read_now: bool  # the .cake was read from disk by this request (else its prefix was in memory)
 
 
 def sha256_of(data: bytes) -> str:
@@ -86,9 +89,15 @@ class DocumentFolder:
         rels = (p.relative_to(self.root).as_posix() for p in found)
         return sorted(r for r in rels if not any(part.startswith(".") for part in r.split("/")))
 
-    def cache_path(self, data: bytes) -> Path:
-        """Where the document with these bytes is kept compressed for this model and these settings."""
-        return self.root / CACHE_DIR / f"{sha256_of(data)[:32]}-{self.settings_key}{SUFFIX}"
+    def cache_path(self, data: bytes, request: TaskRequest, scoring: str) -> Path:
+        """Where the document with these bytes is kept compressed for this model and these settings: with the
+        default scoring the prefix is kept whole (any budget can ask it); a question-agnostic scoring evicts it
+        once, so its budget, window and method are part of the key."""
+        key = self.settings_key
+        if scoring != DEFAULT_SCORING:
+            fields = (scoring, request.budget, request.window, request.method, request.allocation, request.indicator)
+            key += "-" + sha256_of("|".join(map(str, fields)).encode())[:8]
+        return self.root / CACHE_DIR / f"{sha256_of(data)[:32]}-{key}{SUFFIX}"
 
     def _read(self, path: Path) -> SavedCache:
         stat = path.stat()
@@ -98,28 +107,43 @@ class DocumentFolder:
             self._saved[key] = read_saved(path)
         return self._saved[key]
 
-    def _compress(self, source: Path, cake: Path, request: TaskRequest, cb: Callbacks) -> float:
+    def _compress(self, source: Path, cake: Path, request: TaskRequest, cb: Callbacks, scoring: str) -> float:
         """Compress `source` into `cake` (atomically); its seconds."""
         start = time.perf_counter()
-        # the file is the same whoever asks first: the server's settings, the CAKE defaults (each request's own
-        # budget and method apply when it asks, the prefix being kept whole)
-        cake_defaults = dict(budget=None, window=None, method=None, allocation=None, indicator=None)
-        whole = replace(request, task=COMPRESS, document=str(source), fields={}, **cake_defaults)
-        prefix = pipeline.open_prefix(self.ready, plan(whole, cb), cb, DEFAULT_SCORING)
+        if scoring == DEFAULT_SCORING:  # kept whole: the file is the same whoever asks first (the CAKE defaults;
+            # each request's own budget and method apply when it asks)
+            request = replace(request, budget=None, window=None, method=None, allocation=None, indicator=None)
+        checked = plan(replace(request, task=COMPRESS, document=str(source), fields={}), cb)
+        check_scoring_method(checked, scoring)
+        prefix = pipeline.open_prefix(self.ready, checked, cb, scoring)
         cake.parent.mkdir(parents=True, exist_ok=True)
         pipeline.save_prefix(prefix, cake)
         return time.perf_counter() - start
 
-    def compressed(self, source: Path, request: TaskRequest, cb: Callbacks) -> tuple[Path, bool, float]:
-        """(the .cake of `source`, compressed by this call, its seconds): `source` itself when it is a .cake."""
+    def compressed(
+        self, source: Path, request: TaskRequest, cb: Callbacks, scoring: str | None = None
+    ) -> tuple[Path, bool, float]:
+        """(the .cake of `source`, compressed by this call, its seconds): `source` itself when it is a .cake.
+        `scoring`: how a document compressed now is scored (`AGNOSTIC` or the default).
+
+        Raises:
+            ApiError: 400 a scoring not served, or one given with a .cake (already scored).
+        """
         if source.suffix.lower() == SUFFIX:
+            if scoring is not None:
+                raise ApiError(400, "cake.scoring applies to a text or PDF document, not a .cake", code="scoring")
             return source, False, 0.0
-        cake = self.cache_path(source.read_bytes())
+        scoring = scoring or DEFAULT_SCORING
+        if scoring not in SERVED_SCORINGS:
+            raise ApiError(400, f"cake.scoring '{scoring}' is not one of {', '.join(SERVED_SCORINGS)}", code="scoring")
+        cake = self.cache_path(source.read_bytes(), request, scoring)
         if cake.exists():
             return cake, False, 0.0
-        return cake, True, self._compress(source, cake, request, cb)
+        return cake, True, self._compress(source, cake, request, cb, scoring)
 
-    def prepare(self, name: str | None, request: TaskRequest, cb: Callbacks | None = None) -> Prepared:
+    def prepare(
+        self, name: str | None, request: TaskRequest, cb: Callbacks | None = None, scoring: str | None = None
+    ) -> Prepared:
         """A request's plan and prefix on the document `name`: a .cake in the folder is used as it is; a text or
         PDF document is compressed the first time (and whenever its bytes change), then read from its .cake.
 
@@ -128,23 +152,27 @@ class DocumentFolder:
                 .cake made with another model.
         """
         cb = cb or Callbacks()
-        cake, now, seconds = self.compressed(self.resolve(name), request, cb)
+        cake, now, seconds = self.compressed(self.resolve(name), request, cb, scoring)
         saved = self._read(cake)
         checked = plan(replace(request, document=str(cake)), cb, saved=saved)
-        return Prepared(checked, self._prefix(saved, checked, cb), cake.relative_to(self.root).as_posix(), now, seconds)
+        prefix, read = self._prefix(saved, checked, cb)
+        return Prepared(checked, prefix, cake.relative_to(self.root).as_posix(), now, seconds, read)
 
-    def _prefix(self, saved: SavedCache, checked: Plan, cb: Callbacks) -> pipeline.Prefix:
+    def _prefix(self, saved: SavedCache, checked: Plan, cb: Callbacks) -> tuple[pipeline.Prefix, bool]:
+        """(the .cake's prefix, read from the file by this call): kept in memory, least recently used dropped."""
         key = (saved.path, saved.meta.sha256)
         if key in self._loaded:
             self._loaded.move_to_end(key)
-            return self._loaded[key]
+            return self._loaded[key], False
         prefix = pipeline.open_prefix(self.ready, checked, cb)
         self._loaded[key] = prefix
         while len(self._loaded) > self.prefixes:
             self._loaded.popitem(last=False)
-        return prefix
+        return prefix, True
 
-    def upload(self, name: str, data: bytes, request: TaskRequest, cb: Callbacks | None = None) -> dict:
+    def upload(
+        self, name: str, data: bytes, request: TaskRequest, cb: Callbacks | None = None, scoring: str | None = None
+    ) -> dict:
         """Keep an uploaded text or PDF document in the folder (as `name`, or `STEM-SHA8.SUFFIX` when another
         document holds that name) and compress it now unless it was already.
 
@@ -164,7 +192,7 @@ class DocumentFolder:
             path = self.root / f"{path.stem}-{sha[:8]}{path.suffix}"
         if not path.exists():
             write_atomic(path, data, "the uploaded document")
-        cake, now, seconds = self.compressed(path, request, cb or Callbacks())
+        cake, now, seconds = self.compressed(path, request, cb or Callbacks(), scoring)
         meta = self._read(cake).meta
         return {
             "document": path.name,

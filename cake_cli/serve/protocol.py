@@ -37,6 +37,7 @@ class CakeOptions(BaseModel):
     allocation: str | None = None
     indicator: str | None = None
     decode_policy: str = "fixed"
+    scoring: str | None = None  # a text or PDF document compressed now: question (default), end, instruction
 
 
 class Message(BaseModel):
@@ -113,6 +114,7 @@ class Served:
     compressed_now: bool  # True when this request compressed the document (first use)
     compress_seconds: float
     queue_seconds: float  # waiting for the model
+    read_now: bool = True  # the .cake was read from disk for this request (else its prefix was in memory)
 
 
 def finish_reason(result: RunResult) -> str:
@@ -136,11 +138,12 @@ def report(served: Served) -> dict:
         "memory_saved_bytes": r.kv_bytes_full - r.kv_bytes_kept,
         "saved_fraction": r.saved_fraction,
         "cache": served.cache,
+        "scoring": cache.scoring if cache else None,
         "compressed_now": served.compressed_now,
         "timings": {
             "queue_seconds": served.queue_seconds,
             "compress_seconds": served.compress_seconds,
-            "read_seconds": cache.read_seconds if cache else 0.0,
+            "read_seconds": cache.read_seconds if cache and served.read_now else 0.0,
             "first_token_seconds": cache.first_token_seconds if cache else None,
             "prefill_seconds": r.prefill_seconds,
             "decode_seconds": r.decode_seconds,

@@ -5,6 +5,7 @@ as OpenAI's JSON, a client that goes away, and a bounded load test whose answers
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -127,6 +128,30 @@ def test_summarize_task(served):
     assert reply.model_extra["cake"]["task"] == "summarize" and reply.choices[0].message.content
 
 
+def test_question_agnostic_scoring_is_its_own_file(served, env):
+    """cake.scoring end evicts the document once at the request's budget: another .cake beside the default one,
+    answered as the CLI answers on it; named directly, another budget contradicts the file (400)."""
+    url, _ = served
+    reply = chat(url, cake={"scoring": "end", "budget": 64})
+    cake = reply.model_extra["cake"]
+    assert cake["scoring"] == "end" and cake["budget"] == 64 and cake["compressed_now"] is True
+    assert cake["cache"] != chat(url).model_extra["cake"]["cache"]
+    cli = invoke("qa", env[0] / cake["cache"], QUESTION, "-m", MODEL, "--max-new-tokens", SHORT, "--json")
+    assert cli.exit_code == 0, cli.stderr
+    data = json.loads(cli.stdout)
+    assert (data["reply"] if data["reply"] is not None else data["answer"]) == reply.choices[0].message.content
+    again = chat(url, cake={"scoring": "end", "budget": 64})
+    assert again.model_extra["cake"]["compressed_now"] is False
+    assert again.choices[0].message.content == reply.choices[0].message.content
+    shutil.copy(env[0] / cake["cache"], env[0] / "end64.cake")  # a .cake in the folder is served as it is
+    try:
+        assert chat(url, document="end64.cake").choices[0].message.content == reply.choices[0].message.content
+        assert "contradicts" in error_of(post(url, chat_body(document="end64.cake", budget=128)), 400)["message"]
+        assert "not a .cake" in error_of(post(url, chat_body(document="end64.cake", scoring="end")), 400)["message"]
+    finally:
+        (env[0] / "end64.cake").unlink()
+
+
 def test_upload_compresses_once(served, env):
     url, _ = served
     text = ("The lighthouse keeper Ada Brenner logged every ship. " * 20).encode()
@@ -160,6 +185,7 @@ def test_upload_compresses_once(served, env):
         ({**chat_body(), "cake": {}}, 400, "no document"),
         ({**chat_body(), "cake": {"document": "notes.txt", "colour": 1}}, 400, "cake.colour"),
         ({**chat_body(), "max_tokens": 10**6}, 400, "max_tokens"),
+        (chat_body(scoring="reconstruct"), 400, "cake.scoring"),
         ({**chat_body(), "temperature": -1}, 400, "temperature"),
         ({**chat_body(), "n": 2}, 400, "n"),
         ({**chat_body(), "messages": [{"role": "user", "content": "  "}]}, 400, "needs a question"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -99,7 +100,7 @@ def main() -> None:
     p.add_argument("--load", type=int, default=0, help="requests of the load test (0: none)")
     p.add_argument("--pid", type=int, help="the server's process id, for its memory before and after the load")
     a = p.parse_args()
-    print(f"# {' '.join(sys.argv)}  (host: {os.cpu_count()} CPUs)")
+    print(f"# python {shlex.join(sys.argv)}  (host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
     server_first_token(a.url, a.model, a.document, a.question, a.max_tokens)  # warm: the prefix in memory
     for name, run in (
         ("server", lambda: server_first_token(a.url, a.model, a.document, a.question, a.max_tokens)),

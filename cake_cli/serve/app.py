@@ -37,7 +37,7 @@ from cake_cli.tasks.planning import cake_config_for, check_request
 from cake_cli.tasks.request import Callbacks, TaskRequest
 from cake_cli.tasks.runner import ReadyModel
 
-log = logging.getLogger("cake.serve")
+log = logging.getLogger("uvicorn.error.cake")  # a child of uvicorn's logger: its handlers and level print it
 _END = object()
 
 
@@ -116,7 +116,7 @@ class Server:
         a step running on the worker thread is waited for even when the request is cancelled."""
         async with self.queue.turn(job):
             waited = job.started - job.admitted
-            cb = Callbacks(on_layer=job.on_layer)
+            cb = Callbacks(on_layer=job.on_layer, on_status=lambda line: log.info("[%d] %s", job.id, line))
             with anyio.CancelScope(shield=True):  # the model is busy until it returns, whatever the client does
                 prepared = await run_sync(self.folder.prepare, body.cake.document, task, cb, body.cake.scoring)
             stream = pipeline.stream(self.ready, prepared.plan, prepared.prefix, replace(cb, on_text=job.on_text))

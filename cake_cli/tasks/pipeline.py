@@ -151,14 +151,15 @@ class TextStream:
         self._cancel.set()
 
     def close(self) -> None:
-        """Cancel and wait for the worker thread to end."""
-        self.cancel()
+        """Cancel the run if it is still going, and wait for the worker thread to end."""
+        if self._thread.is_alive():
+            self.cancel()
         self._thread.join()
 
     @property
     def cancelled(self) -> bool:
-        """Whether `cancel()` was called."""
-        return self._cancel.is_set()
+        """Whether the run was stopped before its end (`cancel()` while it ran)."""
+        return self._cancel.is_set() and self.result is None
 
 
 def stream(ready: ReadyModel, plan: Plan, prefix: Prefix = FRESH, cb: Callbacks | None = None) -> TextStream:

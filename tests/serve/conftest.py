@@ -9,9 +9,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
-import uvicorn
 
-from cake_cli.serve.app import create_app
 from cake_cli.serve.settings import ServeSettings
 from cake_cli.tasks.runner import load_ready
 from tests.helpers.texts import license_text
@@ -28,6 +26,8 @@ def free_port() -> int:
 @contextmanager
 def live(app):
     """Serve `app` on a free loopback port in a thread; yields its base URL; stops it after."""
+    import uvicorn  # noqa: PLC0415 - the `serve` extra; test_server.py skips without it
+
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -65,6 +65,12 @@ def env(tiny_profile_dir, tmp_path_factory):
 def settings(env):
     docs, _ = env
     return ServeSettings(documents=docs, model=MODEL, dtype="float32", max_body=16_384, max_upload=65_536)
+
+
+def create_app(*args):
+    from cake_cli.serve.app import create_app as create  # noqa: PLC0415 - needs fastapi (skipped without it)
+
+    return create(*args)
 
 
 @pytest.fixture(scope="module")

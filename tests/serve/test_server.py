@@ -5,21 +5,28 @@ as OpenAI's JSON, a client that goes away, and a bounded load test whose answers
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-import httpx
-import openai
 import pytest
 
-from cake_cli.tasks import pipeline
-from cake_cli.tasks.planning import plan
-from cake_cli.tasks.request import TaskRequest
-from tests.helpers.cli import invoke
-from tests.serve.conftest import MODEL
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from cake_cli.tasks import pipeline  # noqa: E402 - after the skips
+from cake_cli.tasks.planning import plan  # noqa: E402
+from cake_cli.tasks.request import TaskRequest  # noqa: E402
+from tests.helpers.cli import invoke  # noqa: E402
+from tests.serve.conftest import MODEL, free_port  # noqa: E402
 
 QUESTION = "Who may use the software?"
 SHORT = 12  # tokens per answer: enough to compare, fast on two cores
@@ -294,9 +301,12 @@ def test_load_answers_all_complete_and_equal_the_pipeline(served, env):
             return q, "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip()
         return q, reply.choices[0].message.content
 
+    counts = served[1].state.server.queue.counts
+    before = dict(counts)
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(ask, range(40)))
     assert len(answers) == 40
+    assert counts["served"] == before["served"] + 40 and counts["cancelled"] == before["cancelled"]
     for q, answer in answers:
         assert answer == expected[q]
 
@@ -304,3 +314,38 @@ def test_load_answers_all_complete_and_equal_the_pipeline(served, env):
 def invoke_request() -> TaskRequest:
     """The server's request for QUESTION, as `Server.task_request` builds it."""
     return TaskRequest(task="qa", document="", fields={"question": QUESTION}, model=MODEL, max_new_tokens=SHORT)
+
+
+def test_command_refuses_a_wide_address_without_a_key(cli_env):
+    result = invoke("serve", "-m", MODEL, "--host", "0.0.0.0", "-d", cli_env / "docs")
+    assert result.exit_code == 2 and "--api-key" in result.stderr and "Traceback" not in result.stderr
+    assert not (cli_env / "docs").exists()  # refused before anything was made
+
+
+def test_command_serves_and_stops_cleanly_on_ctrl_c(cli_env):
+    """The real `cake serve` process: it answers, and SIGINT stops it with exit code 0 and no traceback."""
+    port = free_port()
+    docs = cli_env / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("The harbour opens at six. " * 30)
+    cmd = [sys.executable, "-m", "cake_cli", "serve", "-m", MODEL, "-d", str(docs), "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                return httpx.get(url + "/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(up, 60)
+        reply = chat(url, "When does the harbour open?", document="a.txt", max_tokens=4)
+        assert reply.choices[0].message.content
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()
+    assert b"Traceback" not in err and b"Shutting down" in err
+    assert not list((docs / ".cake-cache").glob(".*tmp*"))  # no temporary file left behind

@@ -3,6 +3,7 @@ address, its key and the limits are checked here before `cli.runners.serve` load
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,7 @@ import typer
 
 from cake_cli.cli import options as o
 from cake_cli.cli.app import app, handled
+from cake_cli.errors import CakeError
 from cake_cli.paths import cake_home
 from cake_cli.serve.settings import (
     DEFAULT_HOST,
@@ -92,6 +94,9 @@ def serve(
             prefixes=keep,
         )
         check_settings(settings)
+        missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise CakeError(f"cake serve needs {' and '.join(missing)}", "pip install 'cake-cli[serve]'")
         from cake_cli.cli.runners import serve as run  # noqa: PLC0415 - torch and the web stack load after the checks
 
         run.serve(settings)

@@ -33,8 +33,7 @@ from cake_cli.tasks.planning import for_fields
 from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.results import RunResult, human_bytes
 from cake_cli.tasks.runner import ready_model
-from cake_cli.tasks.saved.compress import compress
-from cake_cli.tasks.saved.store import compress_result, held_quantized, save
+from cake_cli.tasks.saved.store import compress_result, held_quantized
 
 EXIT_WORDS = {"exit", "quit", ":q"}
 
@@ -60,8 +59,9 @@ def compress_and_save(
     keys and values at `bits`."""
     cb = _callbacks(opts, progress, None)
     ready = ready_model(plan.request, cb)
-    compressed = compress(plan, cb, ready, scoring)
-    size = save(compressed, output, bits)
+    prefix = pipeline.open_prefix(ready, plan, cb, scoring)
+    size = pipeline.save_prefix(prefix, output, bits)
+    compressed = prefix.compressed
     result = compress_result(compressed, output, size, ready.loaded.load_seconds)
     if opts.json_out:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")

@@ -349,3 +349,27 @@ def test_command_serves_and_stops_cleanly_on_ctrl_c(cli_env):
     assert proc.returncode == 0, err.decode()
     assert b"Traceback" not in err and b"Shutting down" in err
     assert not list((docs / ".cake-cache").glob(".*tmp*"))  # no temporary file left behind
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_streams_and_gets_json_errors(served, keyed):
+    url, _ = served
+    body = json.dumps({**chat_body(), "stream": True})
+    out = subprocess.run(
+        ["curl", "-sN", url + "/v1/chat/completions", "-H", "Content-Type: application/json", "-d", body],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    events = [line[6:] for line in out.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] in ("stop", "length")
+    text = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1])
+    assert text.strip() == chat(url).choices[0].message.content
+    refused = subprocess.run(
+        ["curl", "-s", "-w", "\n%{http_code}", keyed + "/v1/models", "-H", "Authorization: Bearer x"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.splitlines()
+    assert refused[-1] == "401" and json.loads(refused[0])["error"]["type"] == "authentication_error"

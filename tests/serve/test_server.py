@@ -27,6 +27,7 @@ from cake_cli.tasks.planning import plan  # noqa: E402
 from cake_cli.tasks.request import TaskRequest  # noqa: E402
 from tests.helpers.cli import invoke  # noqa: E402
 from tests.serve.conftest import MODEL, free_port  # noqa: E402
+from tests.tasks.test_documents import write_pdf  # noqa: E402
 
 QUESTION = "Who may use the software?"
 SHORT = 12  # tokens per answer: enough to compare, fast on two cores
@@ -177,6 +178,17 @@ def test_upload_compresses_once(served, env):
     assert reply.model_extra["cake"]["compressed_now"] is False and reply.model_extra["cake"]["cache"] == info["cache"]
     names = [d["id"] for d in httpx.get(url + "/v1/documents").json()["data"]]
     assert "log.txt" in names and not any(n.startswith(".") for n in names)
+
+
+def test_pdf_upload_answers_with_its_page(served, tmp_path):
+    pdf = write_pdf(tmp_path / "memo.pdf", ["A plain first page about the harbour.", "The keeper was Ada Brenner."])
+    data = pdf.read_bytes()
+    up = httpx.post(served[0] + "/v1/documents", params={"name": "memo.pdf"}, content=data, timeout=60)
+    assert up.status_code == 201 and up.json()["document_tokens"] > 10, up.text
+    reply = chat(served[0], "Who was the keeper?", document="memo.pdf")
+    assert reply.model_extra["cake"]["document"] == "memo.pdf" and reply.choices[0].message.content
+    scanned = httpx.post(served[0] + "/v1/documents", params={"name": "blank.pdf"}, content=b"%PDF-1.4 x", timeout=60)
+    assert error_of(scanned, 400)["code"] == "cake_error"
 
 
 @pytest.mark.parametrize(

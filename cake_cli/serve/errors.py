@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from cake_cli.engine.config import ConfigError
 from cake_cli.errors import CakeError
+from cake_cli.tasks.pipeline import Cancelled
 
 INVALID, AUTH, NOT_FOUND, TOO_LARGE, BUSY, SERVER = (
     "invalid_request_error",
@@ -39,7 +40,10 @@ class ApiError(Exception):
 
 
 def from_cake(exc: CakeError | ConfigError) -> ApiError:
-    """A project error raised while checking or answering a request, as a 400 (the fix in its message)."""
+    """A project error raised while checking or answering a request, as a 400 (the fix in its message); a run
+    cancelled by the server itself (stopping) as a 503."""
+    if isinstance(exc, Cancelled):
+        return ApiError(503, "the answer was cancelled: the server is stopping", SERVER, "cancelled")
     if isinstance(exc, ConfigError):
         message, hint = exc.render(FIELDS)
         return ApiError(400, f"{message} — {hint}" if hint else message, INVALID, "invalid_value")

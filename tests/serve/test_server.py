@@ -22,7 +22,10 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from cake_cli.tasks import pipeline  # noqa: E402 - after the skips
+from cake_cli.engine.config import ConfigError  # noqa: E402 - after the skips
+from cake_cli.errors import CakeError  # noqa: E402
+from cake_cli.serve.errors import from_cake  # noqa: E402
+from cake_cli.tasks import pipeline  # noqa: E402
 from cake_cli.tasks.planning import plan  # noqa: E402
 from cake_cli.tasks.request import TaskRequest  # noqa: E402
 from tests.helpers.cli import invoke  # noqa: E402
@@ -385,3 +388,10 @@ def test_curl_streams_and_gets_json_errors(served, keyed):
         timeout=30,
     ).stdout.splitlines()
     assert refused[-1] == "401" and json.loads(refused[0])["error"]["type"] == "authentication_error"
+
+
+def test_project_errors_map_to_their_status():
+    assert from_cake(pipeline.Cancelled()).status == 503
+    assert from_cake(CakeError("bad file", "make it again")).body()["error"]["message"] == "bad file — make it again"
+    config = from_cake(ConfigError("budget", "{budget} too small", "raise {budget}"))
+    assert config.status == 400 and config.message == "cake.budget too small — raise cake.budget"

@@ -1,6 +1,6 @@
-"""Compressed prefixes on the command line: `cake compress`, tasks on a .cake file, `qa DOC Q1 Q2 …`,
-`cake chat`. Heavy (torch and the model): the commands import it only after every option, path and
-.cake header is checked.
+"""Compressed prefixes on the command line: `cake compress` and `cake chat` (tasks on a .cake file and
+`qa DOC Q1 Q2 …` run through `cli.runners.tasks`, on the same pipeline). Heavy (torch and the model): the
+commands import it only after every option, path and .cake header is checked.
 
 stdout carries only answers (or JSON); status, progress and the report go to stderr.
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 try:
@@ -25,12 +24,13 @@ except ImportError:  # not on every platform: input() still works, without editi
 
 from cake_cli.cli.options import PrefillOptions, TaskOptions
 from cake_cli.cli.progress import StderrProgress
-from cake_cli.cli.report import render, render_compress, turn_line
+from cake_cli.cli.report import render_compress, turn_line
+from cake_cli.cli.runners.tasks import callbacks
 from cake_cli.cli.stream import AnswerStream
 from cake_cli.files import write_atomic
 from cake_cli.tasks import pipeline
 from cake_cli.tasks.planning import for_fields
-from cake_cli.tasks.request import Callbacks, Plan
+from cake_cli.tasks.request import Plan
 from cake_cli.tasks.results import RunResult, human_bytes
 from cake_cli.tasks.runner import ready_model
 from cake_cli.tasks.saved.store import compress_result, held_quantized
@@ -38,26 +38,12 @@ from cake_cli.tasks.saved.store import compress_result, held_quantized
 EXIT_WORDS = {"exit", "quit", ":q"}
 
 
-def _callbacks(opts: PrefillOptions, progress: StderrProgress, stream: AnswerStream | None) -> Callbacks:
-    def on_warning(message: str) -> None:
-        if stream is not None:
-            stream.end_line()
-        progress.warning(message)
-
-    return Callbacks(
-        on_text=stream.text if stream is not None else None,
-        on_status=progress.status,
-        on_layer=progress.layer,
-        on_warning=on_warning,
-    )
-
-
 def compress_and_save(
     plan: Plan, opts: PrefillOptions, progress: StderrProgress, output: Path, scoring: str, bits: int = 16
 ) -> None:
     """`cake compress`: prefill + evict the document's prefix once, write it to `output` (.cake) with its
     keys and values at `bits`."""
-    cb = _callbacks(opts, progress, None)
+    cb = callbacks(opts, progress, None)
     ready = ready_model(plan.request, cb)
     prefix = pipeline.open_prefix(ready, plan, cb, scoring)
     size = pipeline.save_prefix(prefix, output, bits)
@@ -67,52 +53,6 @@ def compress_and_save(
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
     elif not opts.quiet:
         render_compress(result, progress.console)
-
-
-def answer_heading(index: int, count: int, question: str) -> str:
-    """The line before answer `index` (0-based) of `count` in plain text: '[2/3] QUESTION' (one line:
-    the question's line breaks become spaces). A reader splits the answers at these exact lines, in
-    order, so an answer may hold blank lines of its own; --json gives them as a list."""
-    return f"[{index + 1}/{count}] {' '.join(question.split())}"
-
-
-def answer_and_report(plans: list[Plan], opts: TaskOptions, progress: StderrProgress, output: Path | None) -> None:
-    """Tasks on one compressed prefix: a .cake file's, or the document's compressed once here (qa Q1 Q2).
-    Text: the answer on stdout; several: each after its `answer_heading` line, a blank line before the
-    next heading; --json: one object (`results` for several)."""
-    stream = AnswerStream()
-    cb = _callbacks(opts, progress, None if opts.json_out else stream)
-    ready = ready_model(plans[0].request, cb)
-    prefix = pipeline.open_prefix(ready, plans[0], cb)
-    results: list[RunResult] = []
-    several = len(plans) > 1  # several questions (qa Q1 Q2); else one task, maybe without a question
-    asked = [p.request.fields["question"] for p in plans] if several else []
-    headings = [answer_heading(i, len(asked), question) for i, question in enumerate(asked)]
-    for index, plan in enumerate(plans):
-        if several:
-            progress.status(f"question {index + 1} of {len(plans)}: {plan.request.fields['question']}")
-            if not opts.json_out:
-                sys.stdout.write(("\n" if index else "") + headings[index] + "\n")
-        asking = cb
-        if several:  # a warning names its question: "[2/3] unsupported answer: …"
-            asking = replace(
-                cb, on_warning=lambda message, at=index: cb.on_warning(f"[{at + 1}/{len(plans)}] {message}")
-            )
-        results.append(pipeline.run(ready, plan, prefix, asking))
-        stream.end_line()
-    if opts.json_out:
-        data = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
-        text = json.dumps(data, indent=2) + "\n"
-        sys.stdout.write(text)
-    elif not several:
-        text = results[0].printed + "\n"
-    else:
-        text = "\n\n".join(f"{heading}\n{r.printed}" for heading, r in zip(headings, results)) + "\n"
-    if output is not None:
-        write_atomic(output, text, "--output")
-    if not opts.json_out and not opts.quiet:
-        for result in results:
-            render(result, progress.console)
 
 
 PROMPT = "question> "
@@ -171,7 +111,7 @@ def chat(
         KeyboardInterrupt: Ctrl-C at the prompt (exit code 130), after the transcript is written.
     """
     stream = AnswerStream()
-    cb = _callbacks(opts, progress, None if opts.json_out else stream)
+    cb = callbacks(opts, progress, None if opts.json_out else stream)
     ready = ready_model(plan.request, cb)
     compressed = held_quantized(pipeline.open_prefix(ready, plan, cb, scoring).compressed, bits)
     n, kv = len(compressed.meta.prefix_ids), human_bytes(compressed.state.kv_bytes)

@@ -178,7 +178,7 @@ class DocumentFolder:
 
         Raises:
             ApiError: 400 a name that is not one plain file name of a text or PDF kind.
-            CakeError: a document that cannot be read (empty, binary, scanned PDF).
+            CakeError: a document that cannot be read (empty, binary, scanned PDF); it is not kept.
         """
         if not UPLOAD_NAME.fullmatch(name or "") or Path(name).suffix.lower() not in UPLOAD_SUFFIXES:
             raise ApiError(
@@ -190,9 +190,15 @@ class DocumentFolder:
         path = self.root / name
         if path.exists() and (not path.is_file() or path.read_bytes() != data):
             path = self.root / f"{path.stem}-{sha[:8]}{path.suffix}"
-        if not path.exists():
+        written = not path.exists()
+        if written:
             write_atomic(path, data, "the uploaded document")
-        cake, now, seconds = self.compressed(path, request, cb or Callbacks(), scoring)
+        try:
+            cake, now, seconds = self.compressed(path, request, cb or Callbacks(), scoring)
+        except BaseException:
+            if written:  # a document that cannot be read is not kept
+                path.unlink(missing_ok=True)
+            raise
         meta = self._read(cake).meta
         return {
             "document": path.name,

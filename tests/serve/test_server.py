@@ -192,6 +192,7 @@ def test_pdf_upload_answers_with_its_page(served, tmp_path):
     assert reply.model_extra["cake"]["document"] == "memo.pdf" and reply.choices[0].message.content
     scanned = httpx.post(served[0] + "/v1/documents", params={"name": "blank.pdf"}, content=b"%PDF-1.4 x", timeout=60)
     assert error_of(scanned, 400)["code"] == "cake_error"
+    assert "blank.pdf" not in [d["id"] for d in httpx.get(served[0] + "/v1/documents").json()["data"]]
 
 
 @pytest.mark.parametrize(

@@ -338,6 +338,7 @@ def test_command_refuses_a_wide_address_without_a_key(cli_env):
     assert not (cli_env / "docs").exists()  # refused before anything was made
 
 
+@pytest.mark.slow  # a fresh process: torch's import and the model's load (about 5 s on a quiet host)
 def test_command_serves_and_stops_cleanly_on_ctrl_c(cli_env):
     """The real `cake serve` process: it answers, and SIGINT stops it with exit code 0 and no traceback."""
     port = free_port()

@@ -17,6 +17,7 @@ from cake_cli.cli.commands import (  # noqa: F401 - registers the other commands
     compress,
     info,
     inspect_layers,
+    serve,
 )
 from cake_cli.errors import EXIT_ERROR, CakeError
 

@@ -39,7 +39,7 @@ from cake_cli.tasks.request import (
     Plan,
     TaskRequest,
 )
-from cake_cli.tasks.saved.fileformat import is_cache_path, read_saved
+from cake_cli.tasks.saved.fileformat import SavedCache, is_cache_path, read_saved
 from cake_cli.tasks.saved.request import saved_config, saved_document, settle
 from cake_cli.tasks.templates import check_inputs, load_template
 
@@ -115,8 +115,10 @@ def check_request(request: TaskRequest) -> None:
         )
 
 
-def plan(request: TaskRequest, cb: Callbacks | None = None) -> Plan:
+def plan(request: TaskRequest, cb: Callbacks | None = None, saved: SavedCache | None = None) -> Plan:
     """Check a request and read its document (or the .cake file given in its place); no model is loaded.
+    `saved`: the request's .cake file already read and checked (`read_saved`), so a caller answering many
+    requests on one file (the server) reads and checksums it once.
 
     Raises:
         UsageError / ConfigError: a bad option (before the document is read), or one that
@@ -131,7 +133,8 @@ def plan(request: TaskRequest, cb: Callbacks | None = None) -> Plan:
     if too_many:
         cb.warn(warnings, too_many)
         request = replace(request, threads=threads)
-    saved = read_saved(request.document) if is_cache_path(request.document) else None
+    if saved is None and is_cache_path(request.document):
+        saved = read_saved(request.document)
     if saved is not None:
         request = settle(request, saved)
     template = load_template(PREFIX_TEMPLATE if request.task == COMPRESS else request.task)

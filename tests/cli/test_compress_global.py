@@ -72,7 +72,7 @@ def test_global_without_reconstruction_is_refused(doc, cli_env):
 
 
 def test_flash_attention_is_refused_for_a_global_file(ranked, cli_env, monkeypatch):
-    from cake_cli.cli.runners import compress as sessions
+    from cake_cli.cli.runners import tasks as run
     from cake_cli.tasks import runner
 
     path, _ = ranked
@@ -81,7 +81,7 @@ def test_flash_attention_is_refused_for_a_global_file(ranked, cli_env, monkeypat
     def flash(*args, **kwargs):  # as if the machine had CUDA and flash-attn
         return runner.ReadyModel(real(*args, **kwargs).loaded, "flash_attention_2")
 
-    monkeypatch.setattr(sessions, "ready_model", flash)
+    monkeypatch.setattr(run, "ready_model", flash)
     out = cli_env / "answer.txt"
     one_error_line(invoke("qa", path, "Who?", "--quiet", "-o", out), 1, "flash_attention_2 cannot mask")
     assert not out.exists()

@@ -96,12 +96,12 @@ def test_output_file_is_written_and_never_clobbered_on_failure(doc, cli_env):
 
 
 def test_ctrl_c_exits_130_without_traceback(doc, monkeypatch):
-    import cake_cli.cli.runners.tasks
+    from cake_cli.tasks import pipeline
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cake_cli.cli.runners.tasks, "run_task", interrupted)
+    monkeypatch.setattr(pipeline, "run", interrupted)
     result = runner.invoke(app, ["summarize", str(doc), "-m", "tiny-test"])
     assert result.exit_code == 130 and "Traceback" not in result.stderr
 

@@ -1,6 +1,6 @@
-"""Compressed prefixes on the command line: `cake compress`, tasks on a .cake file, `qa DOC Q1 Q2 …`,
-`cake chat`. Heavy (torch and the model): the commands import it only after every option, path and
-.cake header is checked.
+"""Compressed prefixes on the command line: `cake compress` and `cake chat` (tasks on a .cake file and
+`qa DOC Q1 Q2 …` run through `cli.runners.tasks`, on the same pipeline). Heavy (torch and the model): the
+commands import it only after every option, path and .cake header is checked.
 
 stdout carries only answers (or JSON); status, progress and the report go to stderr.
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 try:
@@ -25,31 +24,18 @@ except ImportError:  # not on every platform: input() still works, without editi
 
 from cake_cli.cli.options import PrefillOptions, TaskOptions
 from cake_cli.cli.progress import StderrProgress
-from cake_cli.cli.report import render, render_compress, turn_line
+from cake_cli.cli.report import render_compress, turn_line
+from cake_cli.cli.runners.tasks import callbacks
 from cake_cli.cli.stream import AnswerStream
 from cake_cli.files import write_atomic
+from cake_cli.tasks import pipeline
 from cake_cli.tasks.planning import for_fields
-from cake_cli.tasks.request import Callbacks, Plan
+from cake_cli.tasks.request import Plan
 from cake_cli.tasks.results import RunResult, human_bytes
 from cake_cli.tasks.runner import ready_model
-from cake_cli.tasks.saved.compress import answer, compress, open_prefix
-from cake_cli.tasks.saved.store import compress_result, held_quantized, save
+from cake_cli.tasks.saved.store import compress_result, held_quantized
 
 EXIT_WORDS = {"exit", "quit", ":q"}
-
-
-def _callbacks(opts: PrefillOptions, progress: StderrProgress, stream: AnswerStream | None) -> Callbacks:
-    def on_warning(message: str) -> None:
-        if stream is not None:
-            stream.end_line()
-        progress.warning(message)
-
-    return Callbacks(
-        on_text=stream.text if stream is not None else None,
-        on_status=progress.status,
-        on_layer=progress.layer,
-        on_warning=on_warning,
-    )
 
 
 def compress_and_save(
@@ -57,60 +43,16 @@ def compress_and_save(
 ) -> None:
     """`cake compress`: prefill + evict the document's prefix once, write it to `output` (.cake) with its
     keys and values at `bits`."""
-    cb = _callbacks(opts, progress, None)
+    cb = callbacks(opts, progress, None)
     ready = ready_model(plan.request, cb)
-    compressed = compress(plan, cb, ready, scoring)
-    size = save(compressed, output, bits)
+    prefix = pipeline.open_prefix(ready, plan, cb, scoring)
+    size = pipeline.save_prefix(prefix, output, bits)
+    compressed = prefix.compressed
     result = compress_result(compressed, output, size, ready.loaded.load_seconds)
     if opts.json_out:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
     elif not opts.quiet:
         render_compress(result, progress.console)
-
-
-def answer_heading(index: int, count: int, question: str) -> str:
-    """The line before answer `index` (0-based) of `count` in plain text: '[2/3] QUESTION' (one line:
-    the question's line breaks become spaces). A reader splits the answers at these exact lines, in
-    order, so an answer may hold blank lines of its own; --json gives them as a list."""
-    return f"[{index + 1}/{count}] {' '.join(question.split())}"
-
-
-def answer_and_report(plans: list[Plan], opts: TaskOptions, progress: StderrProgress, output: Path | None) -> None:
-    """Tasks on one compressed prefix: a .cake file's, or the document's compressed once here (qa Q1 Q2).
-    Text: the answer on stdout; several: each after its `answer_heading` line, a blank line before the
-    next heading; --json: one object (`results` for several)."""
-    stream = AnswerStream()
-    cb = _callbacks(opts, progress, None if opts.json_out else stream)
-    compressed = open_prefix(plans[0], cb, ready_model(plans[0].request, cb))
-    results: list[RunResult] = []
-    several = len(plans) > 1  # several questions (qa Q1 Q2); else one task, maybe without a question
-    asked = [p.request.fields["question"] for p in plans] if several else []
-    headings = [answer_heading(i, len(asked), question) for i, question in enumerate(asked)]
-    for index, plan in enumerate(plans):
-        if several:
-            progress.status(f"question {index + 1} of {len(plans)}: {plan.request.fields['question']}")
-            if not opts.json_out:
-                sys.stdout.write(("\n" if index else "") + headings[index] + "\n")
-        asking = cb
-        if several:  # a warning names its question: "[2/3] unsupported answer: …"
-            asking = replace(
-                cb, on_warning=lambda message, at=index: cb.on_warning(f"[{at + 1}/{len(plans)}] {message}")
-            )
-        results.append(answer(compressed, plan, asking))
-        stream.end_line()
-    if opts.json_out:
-        data = results[0].to_dict() if len(results) == 1 else {"results": [r.to_dict() for r in results]}
-        text = json.dumps(data, indent=2) + "\n"
-        sys.stdout.write(text)
-    elif not several:
-        text = results[0].printed + "\n"
-    else:
-        text = "\n\n".join(f"{heading}\n{r.printed}" for heading, r in zip(headings, results)) + "\n"
-    if output is not None:
-        write_atomic(output, text, "--output")
-    if not opts.json_out and not opts.quiet:
-        for result in results:
-            render(result, progress.console)
 
 
 PROMPT = "question> "
@@ -169,8 +111,9 @@ def chat(
         KeyboardInterrupt: Ctrl-C at the prompt (exit code 130), after the transcript is written.
     """
     stream = AnswerStream()
-    cb = _callbacks(opts, progress, None if opts.json_out else stream)
-    compressed = held_quantized(open_prefix(plan, cb, ready_model(plan.request, cb), scoring), bits)
+    cb = callbacks(opts, progress, None if opts.json_out else stream)
+    ready = ready_model(plan.request, cb)
+    compressed = held_quantized(pipeline.open_prefix(ready, plan, cb, scoring).compressed, bits)
     n, kv = len(compressed.meta.prefix_ids), human_bytes(compressed.state.kv_bytes)
     held = (
         f"kept whole ({kv} of KV cache; each question evicts a copy)"
@@ -183,7 +126,7 @@ def chat(
     try:
         for question in questions(progress):
             try:
-                result = answer(compressed, for_fields(plan, {"question": question}), cb)
+                result = pipeline.run(ready, for_fields(plan, {"question": question}), pipeline.Prefix(compressed), cb)
             except KeyboardInterrupt:  # stop this answer only; the compressed document is untouched
                 stream.end_line()
                 progress.console.print(

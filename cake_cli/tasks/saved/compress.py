@@ -53,7 +53,7 @@ from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.results import CacheInfo, RunResult
 from cake_cli.tasks.runner import Prepared, ReadyModel, finish, finite, prompt_limit, ready_model
 from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING
-from cake_cli.tasks.saved.store import Compressed, build_meta, load, saved_cascade
+from cake_cli.tasks.saved.store import Compressed, build_meta, saved_cascade
 from cake_cli.tasks.templates import DOCUMENT_BLOCK, build_prefix, build_prompt, render_split
 from cake_cli.tasks.threads import choose, decode_following_load
 from cake_cli.tasks.threads import using as threads_using
@@ -148,11 +148,6 @@ def compress(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None, scoring
     meta = build_meta(plan, ready, state, prefix, scoring, probe)
     state = replace(state, cascade=saved_cascade(meta))
     return Compressed(ready, meta, state, None, None, 0.0, warnings, threads)
-
-
-def open_prefix(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None, scoring: str = DEFAULT_SCORING):
-    """The compressed prefix of a plan: its .cake file loaded, or its document compressed now."""
-    return load(plan, cb, ready) if plan.saved is not None else compress(plan, cb, ready, scoring)
 
 
 def _prepared(compressed: Compressed, plan: Plan) -> Prepared:

@@ -99,6 +99,15 @@ def speed(
             "at the same budget (needs `bash benchmarks/openvino_env.sh`).",
         ),
     ] = False,
+    peak: Annotated[
+        bool,
+        o._flag(
+            "--peak",
+            help="Also split one prefill of the full cache and of CAKE at every length into linear layers, attention "
+            "and the rest, each against the host's GEMM peak at the model's own shapes (float32, bf16 where native, "
+            "int8 through w8a8's kernel); printed first.",
+        ),
+    ] = False,
     weights: o.Weights = "bf16",
     attention: o.Attention = "auto",
     json_out: o.Json = False,
@@ -147,5 +156,6 @@ def speed(
                 prefill_once,
                 rss,
                 openvino,
+                peak,
             )
         )

@@ -117,7 +117,7 @@ def test_gemm_peak_is_the_best_of_its_repeats_and_counts_flops():
 def test_peak_row_sets_each_part_against_its_peak(model):
     row = peak_row(model, "tiny", ids_of(40, 4), None, "full", kinds=("float32",), repeats=1)
     assert row.linear_seconds + row.attention_seconds + row.rest_seconds == pytest.approx(row.prefill_seconds)
-    assert row.dtype == "float32" and set(row.peaks) == {"float32"}
+    assert row.dtype == "float32" and set(row.peaks) == {"float32"} and row.threads == torch.get_num_threads()
     assert row.linear_peak_gflops == row.peaks["float32"] > 0
     assert 0 < row.linear_of_peak and 0 < row.attention_of_peak and 0 < row.prefill_of_peak
     assert row.linear_gflops == pytest.approx(row.linear_of_peak * row.linear_peak_gflops)

@@ -235,6 +235,7 @@ class PeakRow:
     attention_gflops: float
     attention_peak_gflops: float  # best GEMM rate at [n, d] x [d, min(n, ATTENTION_KEYS)]
     peaks: dict = field(default_factory=dict)  # kind -> GFLOP/s (GOP/s for int8) over the same linear calls
+    threads: int = 1  # torch CPU threads of the prefill and of every GEMM of its peaks
 
     def to_dict(self) -> dict:
         """Every field and the three fractions of the peak (JSON and the report's table)."""
@@ -305,4 +306,5 @@ def peak_row(
         attention_gflops=attn_flops / max(split.attention_seconds, 1e-12) / 1e9,
         attention_peak_gflops=attn_peak,
         peaks=peaks,
+        threads=torch.get_num_threads(),
     )

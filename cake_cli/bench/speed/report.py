@@ -132,6 +132,7 @@ PEAK_COLUMNS = (
     ("rest s", lambda d: f"{d['rest_seconds']:.2f}"),
     ("share", lambda d: _pct(d["rest_seconds"], d["prefill_seconds"])),
     ("evict s", lambda d: f"{d['eviction_seconds']:.2f}"),
+    ("threads", lambda d: str(d["threads"])),
 )
 
 

@@ -108,6 +108,14 @@ def speed(
             "int8 through w8a8's kernel); printed first.",
         ),
     ] = False,
+    select: Annotated[
+        bool,
+        o._flag(
+            "--select",
+            help="Also time `cake qa --prefill select` (CAKE after GemFilter's selection) beside the CLI's qa rows; "
+            "at --cli-length 16384 or more, its target line (first token >= 3x sooner than the full prefill).",
+        ),
+    ] = False,
     weights: o.Weights = "bf16",
     attention: o.Attention = "auto",
     json_out: o.Json = False,
@@ -125,6 +133,10 @@ def speed(
         tasks = [t.strip() for t in cli_tasks.split(",") if t.strip()]
         if any(t not in ("qa", "summarize") for t in tasks):
             raise UsageError(f"--cli-tasks takes qa and summarize, got '{cli_tasks}'")
+        if select and "qa" not in tasks:
+            raise UsageError(
+                "--select times `cake qa --prefill select` beside the CLI's qa rows", "keep qa in --cli-tasks"
+            )
         if rss and not llama:
             raise UsageError("--rss compares CAKE's process memory with llama.cpp's", "add --llama")
         if new_tokens < 2 or repeats < 1:
@@ -157,5 +169,6 @@ def speed(
                 rss,
                 openvino,
                 peak,
+                select,
             )
         )

@@ -23,7 +23,7 @@ from cake_cli.bench.speed.peak import peak_row, split_prefill
 from cake_cli.bench.speed.report import peak_tables, ratios, speed_tables
 from cake_cli.bench.speed.rows import WARMUP_TOKENS, config_for, run_speed
 from cake_cli.bench.speed.rss import ENGINES, ChildRun, memory_lines, process_peak
-from cake_cli.bench.speed.targets import target_lines
+from cake_cli.bench.speed.targets import SELECT_METHOD, target_lines
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.cli.runners.bench_common import command_line, machine, progress_bar
 from cake_cli.engine.config import CakeConfig
@@ -57,6 +57,7 @@ class SpeedSetup:
     rss: bool = False  # process memory of CAKE and llama.cpp in child processes (`speed.rss`)
     openvino: bool = False  # OpenVINO GenAI's full-cache and eviction rows (`speed.openvino`)
     peak: bool = False  # the prefill split and the GEMM peak at the model's shapes (`speed.peak`)
+    select: bool = False  # a `cake qa --prefill select` row (CAKE) beside the CLI's qa rows
 
 
 def _model_rows(
@@ -235,6 +236,14 @@ def _path_rows(setup, ready: ReadyModel, request, ids, group, base: CakeConfig, 
                     ready, task_request, f"{group} · cli {task}", method, on_case, repeats=setup.repeats, warmup=warm
                 )
                 rows.append(row)
+            if task == "qa" and setup.select:  # GemFilter's selection, then CAKE (`engine.selection`)
+                selecting = replace(task_request, prefill="select")
+                rows.append(
+                    cli_row(
+                        ready, selecting, f"{group} · cli {task}", "cake", on_case, repeats=setup.repeats,
+                        warmup=warm, label=SELECT_METHOD,
+                    )
+                )  # fmt: skip
     if setup.busy:  # the same case back to back: quiet, then with one core busy
         for label in ("quiet", "busy"):
             with busy_core() if label == "busy" else nullcontext():

@@ -142,3 +142,17 @@ def test_bench_speed_peak_prints_the_split_and_its_json(cli_env):
     table = runner.invoke(app, args)
     assert table.exit_code == 0, table.stderr
     assert "prefill against the peak" in table.stdout and "GEMM peak at the linear layers' own shapes" in table.stdout
+
+
+def test_bench_speed_select_times_the_selection_beside_the_qa_rows(cli_env):
+    from cake_cli.cli.main import app
+    from tests.helpers.cli import runner
+
+    args = ["bench", "speed", "-m", "tiny-test", "-b", "32", "--lengths", "120", "--repeats", "1", "--new-tokens", "3"]
+    args += ["--methods", "full,cake", "--cli-tasks", "qa", "--cli-length", "300", "--select", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    rows = [r for r in json.loads(result.stdout)["rows"] if r["group"].endswith("cli qa")]
+    assert [r["method"] for r in rows] == ["full", "cake", "cake-select"]
+    assert len({r["length"] for r in rows}) == 1  # the same prompt: the selection's row is paired with full's
+    assert rows[2]["prefill_vs_full"] > 0 and rows[2]["kv_bytes_kept"] == rows[1]["kv_bytes_kept"]

@@ -121,6 +121,15 @@ def summary_table(r: RunResult) -> Table:
     _settings_rows(t, r, method)
     if r.budget is not None:
         _row(t, "decoding", f"decode policy {r.decode_policy}")
+    if r.selected is not None:
+        s = r.selected
+        _row(
+            t,
+            "prefill select",
+            f"layer {s.layer}'s attention kept {s.kept_tokens} of {s.prompt_tokens} prompt tokens "
+            f"({s.kept_tokens / s.prompt_tokens:.1%}, positions re-indexed) in {s.seconds:.2f} s, "
+            "counted in the prefill time",
+        )
     _kv_row(t, r, r.kv_bytes_final)
     _row(t, "time", f"{_time_text(r)} · decode {r.decode_tokens_per_second:.1f} tok/s over {r.decode_steps} steps")
     _row(t, "threads", _threads_text(r))

@@ -32,6 +32,8 @@ DEFAULT_BUDGET, DEFAULT_METHOD = (
 )  # tokens per layer, window included: `--budget 1024` of docs/method.md §Design card
 LONG_MODES = ("middle", "sections")  # --long: cut the middle out of a too-long document, or read it in sections
 MIDDLE, SECTIONS = LONG_MODES
+PREFILLS = ("full", "select")  # --prefill: the whole prompt, or GemFilter's question-aware selection (qa)
+SELECT_FACTOR = 4  # --prefill select keeps this many x the budget of document tokens unless told
 COMPRESS = "compress"  # `cake compress`'s task: the shared prefix of PREFIX_TEMPLATE, no generation
 PREFIX_TEMPLATE = "qa"  # whose prefix `cake compress` saves (every chat task template starts with the same block)
 
@@ -68,6 +70,9 @@ class TaskRequest:
     max_lines: int | None = None  # code answers: most lines kept (None: code.DEFAULT_LINES)
     threads: int | None = None  # torch CPU threads for prefill and decoding (None: `tasks.threads` auto)
     long: str = MIDDLE  # a document longer than the context: "middle" (cut, with a warning) or "sections"
+    prefill: str = "full"  # PREFILLS: "select" runs the model over the question's tokens only (`engine.selection`)
+    select_tokens: int | None = None  # --prefill select: document tokens kept (None: SELECT_FACTOR x the budget)
+    select_layer: int | None = None  # --prefill select: 0-based layer whose attention picks them (None: GemFilter's)
 
 
 @dataclass

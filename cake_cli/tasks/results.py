@@ -211,6 +211,18 @@ def summary_fields(
 
 
 @dataclass(frozen=True)
+class Selected:
+    """What `--prefill select` kept (`engine.selection`): the full model read `kept_tokens` of the
+    prompt's `prompt_tokens`, chosen by layer `layer`'s attention (0-based; layers 0..layer ran over
+    the whole prompt first, in `seconds`, counted in the run's prefill seconds)."""
+
+    layer: int
+    kept_tokens: int
+    prompt_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class RunResult(PrefillSummary):
     """Everything a task run produced and measured."""
 
@@ -237,6 +249,7 @@ class RunResult(PrefillSummary):
     reply: str | None = (
         None  # qa / needle: the whole reply as streamed (answer + passage); `answer` is the short answer
     )
+    selected: Selected | None = None  # --prefill select: the tokens the model read (None: the whole prompt)
 
     @property
     def printed(self) -> str:

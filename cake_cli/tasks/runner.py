@@ -18,13 +18,14 @@ from cake_cli.engine.cache import NonFiniteError
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.families import UnsupportedModelError, attention_layout, supported_text
 from cake_cli.engine.generate import GenerationResult, decode, prefill
+from cake_cli.engine.selection import select_tokens
 from cake_cli.errors import CakeError
 from cake_cli.models.loader import LoadedModel, load_model
 from cake_cli.tasks.answers.cite import ABSTAIN, ABSTAINED, find_support
 from cake_cli.tasks.answers.completion import DEFAULT_LINES, CodeFilter, filter_code
 from cake_cli.tasks.inputs.documents import page_of_offset, pages_of_range
-from cake_cli.tasks.request import Callbacks, Plan, TaskRequest
-from cake_cli.tasks.results import Dropped, Location, RunResult, Support, summary_fields
+from cake_cli.tasks.request import SELECT_FACTOR, Callbacks, Plan, TaskRequest
+from cake_cli.tasks.results import Dropped, Location, RunResult, Selected, Support, summary_fields
 from cake_cli.tasks.templates import Prompt, build_prompt
 from cake_cli.tasks.threads import Threads, choose, decode_following_load
 from cake_cli.tasks.threads import using as threads_using
@@ -41,6 +42,7 @@ class Prepared:
     prompt: Prompt
     warnings: list[str]  # the plan's and the ones raised since
     threads: Threads  # torch CPU threads for prefill and decoding
+    selected: Selected | None = None  # set by `run_engine` under --prefill select
 
 
 def prompt_limit(loaded: LoadedModel, reserve: int) -> int:
@@ -244,7 +246,43 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
         support=support,
         dropped=dropped,
         reply=reply,
+        selected=prep.selected,
     )
+
+
+def select_prompt(prep: Prepared, input_ids: torch.Tensor, cb: Callbacks) -> torch.Tensor:
+    """--prefill select: the prompt tokens the full model reads (`engine.selection.select_tokens`),
+    [1, m] of `input_ids` [1, n]; the document tokens are those before `prompt.prefix_tokens`, the rest
+    (instruction, question, chat closing) is always kept. Records `prep.selected`.
+
+    Raises:
+        CakeError: a model family or prompt the selection cannot run on, or a layer out of range.
+    """
+    request, loaded = prep.plan.request, prep.loaded
+    n, protect_from = input_ids.shape[1], prep.prompt.prefix_tokens
+    if protect_from >= n:
+        raise CakeError(
+            "--prefill select cannot tell the question from the document in this model's prompt (its chat "
+            "template does not keep the message text)",
+            "leave --prefill out",
+        )
+    budget = prep.config.budget if prep.config is not None else prep.plan.config.budget
+    tokens = request.select_tokens if request.select_tokens is not None else SELECT_FACTOR * budget
+    layers = loaded.model.config.num_hidden_layers
+    if request.select_layer is not None and not 0 <= request.select_layer < layers:
+        raise CakeError(
+            f"--select-layer {request.select_layer} is past this model's {layers} layers", f"give 0..{layers - 1}"
+        )
+    try:
+        selection = select_tokens(
+            loaded.model, input_ids, protect_from=protect_from, tokens=tokens, layer=request.select_layer
+        )
+    except UnsupportedModelError as exc:
+        raise CakeError(str(exc), "leave --prefill out, or use a model such as qwen2.5-coder-0.5b") from None
+    m = len(selection.kept)
+    prep.selected = Selected(selection.layer, m, n, selection.seconds)
+    cb.status(f"prefill select: layer {selection.layer}'s attention kept {m} of {n} prompt tokens")
+    return selection.ids(input_ids)
 
 
 def run_engine(prep: Prepared, cb: Callbacks, max_new_tokens: int, **decode_options) -> GenerationResult:
@@ -258,11 +296,16 @@ def run_engine(prep: Prepared, cb: Callbacks, max_new_tokens: int, **decode_opti
     """
     loaded = prep.loaded
     input_ids = torch.tensor([prep.prompt.input_ids], device=loaded.device)  # [1, n]
+    if prep.plan.request.prefill == "select":  # the kept tokens are the prompt, re-indexed (`engine.selection`)
+        with finite(loaded), threads_using(prep.threads.prefill):
+            input_ids = select_prompt(prep, input_ids, cb)  # [1, m]
     what = "" if max_new_tokens else " (no generation)"
     cb.status(f"prefill: {input_ids.shape[1]} tokens through {loaded.model.config.num_hidden_layers} layers{what}")
     with finite(loaded):
         with threads_using(prep.threads.prefill):
             state = prefill(loaded.model, input_ids, prep.config, on_layer=cb.on_layer)
+        if prep.selected is not None:  # the time to the first token includes the selection's forward
+            state.seconds += prep.selected.seconds
         options = dict(max_new_tokens=max_new_tokens, **decode_options)
         return decode_following_load(prep.threads, decode, loaded.model, input_ids, state, prep.config, **options)
 

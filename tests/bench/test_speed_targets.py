@@ -259,15 +259,16 @@ def test_kvpress_row_asks_for_our_warm_up_and_repeats(monkeypatch, tmp_path):
 
 
 def test_every_peer_row_gets_the_runs_repeats(monkeypatch):
-    calls = []
+    calls, selects = [], []
 
     def fake_run_speed(model, ids, base, *, group, lengths, methods, threads, new_tokens, repeats, on_case):
         calls.append(("engine", group, repeats))
         return [row(group, lengths[0], "cake", [1.0] * repeats, [10.0] * repeats)]
 
-    def fake_cli_row(ready, request, group, method, on_case=None, *, repeats, warmup):
+    def fake_cli_row(ready, request, group, method, on_case=None, *, repeats, warmup, label=None):
         calls.append(("cli", group, repeats, warmup is not None))
-        return row(group, 100, method, [1.0] * repeats, [10.0] * repeats)
+        selects.append((label or method, request.prefill))
+        return row(group, 100, label or method, [1.0] * repeats, [10.0] * repeats)
 
     def fake_kvpress_row(*args, repeats, **kwargs):
         calls.append(("kvpress", repeats))
@@ -278,13 +279,25 @@ def test_every_peer_row_gets_the_runs_repeats(monkeypatch):
     monkeypatch.setattr(runner, "kvpress_row", fake_kvpress_row)
     monkeypatch.setattr(runner, "document_file", lambda tok, ids, folder: folder / f"doc-{len(ids)}.txt")
     monkeypatch.setattr(runner, "busy_core", contextlib.nullcontext)
-    setup = SimpleNamespace(cli_tasks=["qa", "summarize"], busy=True, kvpress=True, repeats=5, new_tokens=32)
-    ready = SimpleNamespace(loaded=SimpleNamespace(tokenizer=None, model=None, path="ckpt", dtype="torch.bfloat16"))
+    setup = SimpleNamespace(
+        cli_tasks=["qa", "summarize"], busy=True, kvpress=True, repeats=5, new_tokens=32, select=True
+    )
+    loaded = SimpleNamespace(
+        tokenizer=None, model=None, path="ckpt", dtype="torch.bfloat16", float_checkpoint=lambda: "ckpt"
+    )
+    ready = SimpleNamespace(loaded=loaded)
     base = SimpleNamespace(budget=256)
     runner._path_rows(setup, ready, runner.TaskRequest(task="qa", document="-"), list(range(300)), "m · bfloat16",
                       base, lambda label: None, lambda message: None)  # fmt: skip
-    cli = [("cli", f"m · bfloat16 · cli {t}", 5, True) for t in ("qa", "summarize") for _ in ("full", "cake")]
+    cli = [("cli", f"m · bfloat16 · cli {t}", 5, True) for t in ("qa", "qa", "qa", "summarize", "summarize")]
     assert [c for c in calls if c[0] == "cli"] == cli  # each after a warm-up run
+    assert selects == [
+        ("full", "full"),
+        ("cake", "full"),
+        ("cake-select", "select"),
+        ("full", "full"),
+        ("cake", "full"),
+    ]
     assert [c for c in calls if c[0] == "engine"] == [("engine", f"m · bfloat16 · {p}", 5) for p in ("quiet", "busy")]
     assert ("kvpress", 5) in calls
 
@@ -295,3 +308,37 @@ def test_bench_speed_repeats_three_by_default(monkeypatch):
     result = CliRunner().invoke(app, ["bench", "speed", "--cli-tasks", ""])
     assert result.exit_code == 0, result.output
     assert seen["setup"].repeats == 3
+
+
+@pytest.mark.parametrize(
+    "length, full, select, expected",
+    [
+        (16384, [30.0, 31.0, 32.0], [8.0, 9.0, 9.5], ["PASS"]),  # 30/9.5 = 3.16 at worst
+        (16384, [30.0, 31.0, 32.0], [12.0, 12.5, 13.0], ["FAIL"]),  # 32/12 = 2.67 at best
+        (16384, [30.0, 31.0, 32.0], [9.0, 10.0, 11.0], ["within noise"]),  # 2.73 .. 3.56
+        (16384, [30.0], [8.0], ["too few repeats"]),
+        (8256, [30.0, 31.0, 32.0], [8.0, 9.0, 9.5], []),  # the target is at 16K
+    ],
+)
+def test_prefill_select_target_is_first_token_three_times_sooner_at_16k(length, full, select, expected):
+    from cake_cli.bench.speed.targets import SELECT_METHOD, select_lines
+
+    group = "qwen · bfloat16 · cli qa"
+    rows = ratios(
+        [
+            row(group, length, "full", full, [9.0] * len(full)),
+            row(group, length, SELECT_METHOD, select, [9.0] * len(select)),
+        ]
+    )
+    lines = select_lines(rows)
+    assert verdicts(lines) == expected
+    if lines:
+        assert f"select at {length} tokens" in lines[0] and "target >= 3.00x" in lines[0]
+        assert lines[0] in target_lines(rows)
+    assert [r["method"] for r in rows] == ["full", SELECT_METHOD]
+    assert rows[1]["prefill_vs_full"] == pytest.approx(statistics.median(select) / statistics.median(full))
+
+
+def test_select_needs_the_qa_rows():
+    result = CliRunner().invoke(app, ["bench", "speed", "--select", "--cli-tasks", "summarize"])
+    assert result.exit_code != 0 and "keep qa in --cli-tasks" in result.stderr

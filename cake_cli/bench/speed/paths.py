@@ -46,9 +46,11 @@ def cli_row(
     *,
     repeats: int = 3,
     warmup: Path | None = None,
+    label: str | None = None,
 ) -> SpeedRow:
     """`repeats` timed `cake <task>` runs on `request` (its document a file) with the loaded model,
-    after one unmeasured run on the `warmup` document (if given) with WARMUP_NEW_TOKENS new tokens."""
+    after one unmeasured run on the `warmup` document (if given) with WARMUP_NEW_TOKENS new tokens;
+    the row's method is `label` (default `method`)."""
     request = replace(request, method=method)
     if warmup is not None:
         if on_case:
@@ -75,7 +77,7 @@ def cli_row(
             }
         )
         threads = threads or f"{result.prefill_threads}/{result.decode_threads}"
-    return median_row(group, result.prompt_tokens, method, result.budget, runs, threads)
+    return median_row(group, result.prompt_tokens, label or method, result.budget, runs, threads)
 
 
 def _timed_run(ready: ReadyModel, request: TaskRequest):

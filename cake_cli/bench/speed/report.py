@@ -108,3 +108,61 @@ def speed_tables(rows: list[dict], title: str) -> list[Table]:
                 t.add_row(*(cell(d) for _, cell in COLUMNS))
         tables.append(t)
     return tables
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole > 0 else "–"
+
+
+PEAK_COLUMNS = (
+    ("tokens", lambda d: str(d["tokens"])),
+    ("method", lambda d: d["method"]),
+    ("prefill s", lambda d: f"{d['prefill_seconds']:.2f}"),
+    ("of peak", lambda d: f"{100 * d['prefill_of_peak']:.0f}%"),
+    ("linear s", lambda d: f"{d['linear_seconds']:.2f}"),
+    ("share", lambda d: _pct(d["linear_seconds"], d["prefill_seconds"])),
+    ("GFLOP/s", lambda d: f"{d['linear_gflops']:.0f}"),
+    ("peak", lambda d: f"{d['linear_peak_gflops']:.0f}"),
+    ("of peak", lambda d: f"{100 * d['linear_of_peak']:.0f}%"),
+    ("attention s", lambda d: f"{d['attention_seconds']:.2f}"),
+    ("share", lambda d: _pct(d["attention_seconds"], d["prefill_seconds"])),
+    ("GFLOP/s", lambda d: f"{d['attention_gflops']:.0f}"),
+    ("peak", lambda d: f"{d['attention_peak_gflops']:.0f}"),
+    ("of peak", lambda d: f"{100 * d['attention_of_peak']:.0f}%"),
+    ("rest s", lambda d: f"{d['rest_seconds']:.2f}"),
+    ("share", lambda d: _pct(d["rest_seconds"], d["prefill_seconds"])),
+    ("evict s", lambda d: f"{d['eviction_seconds']:.2f}"),
+    ("threads", lambda d: str(d["threads"])),
+)
+
+
+def peak_tables(rows: list[dict], title: str) -> list[Table]:
+    """One table per (model, dtype) of `speed.peak.PeakRow` dicts: the prefill split into linear layers,
+    attention and the rest (seconds, share of the prefill), each part's achieved GFLOP/s against the
+    GEMM peak at its own shapes; then the linear calls' peak in every GEMM kind measured (GFLOP/s,
+    int8: GOP/s)."""
+    tables = []
+    for key in dict.fromkeys((d["model"], d["dtype"]) for d in rows):
+        group = [d for d in rows if (d["model"], d["dtype"]) == key]
+        t = Table(
+            box=box.SIMPLE_HEAD, title=f"{title} · {key[0]} · {key[1]} · prefill against the peak",
+            title_justify="left", pad_edge=False,
+        )  # fmt: skip
+        for name, _ in PEAK_COLUMNS:
+            t.add_column(name, justify="right", no_wrap=True)
+        for d in group:
+            t.add_row(*(cell(d) for _, cell in PEAK_COLUMNS))
+        tables.append(t)
+        kinds = list(dict.fromkeys(k for d in group for k in d["peaks"]))
+        p = Table(
+            box=box.SIMPLE_HEAD, title=f"GEMM peak at the linear layers' own shapes · {key[0]} (best of repeats)",
+            title_justify="left", pad_edge=False,
+        )  # fmt: skip
+        p.add_column("tokens", justify="right")
+        p.add_column("method", justify="right")
+        for kind in kinds:
+            p.add_column(f"{kind} {'GOP/s' if kind == 'int8' else 'GFLOP/s'}", justify="right")
+        for d in group:
+            p.add_row(str(d["tokens"]), d["method"], *(f"{d['peaks'].get(k, 0):.0f}" for k in kinds))
+        tables.append(p)
+    return tables

@@ -21,6 +21,9 @@ LONG = 7600  # "8K" targets apply to rows at least this long (SmolLM2 stops at 7
 MIN_REPEATS = 3  # timed runs a timing target needs before it decides
 LIMIT_SHARE = 0.95  # CAKE decodes within 5% of the limit row: its eviction costs at most that per step
 PAIR_TOLERANCE = 0.02  # rows compared across paths must be this close in prompt tokens (fraction)
+SELECT_METHOD = "cake-select"  # the `cake qa --prefill select` row's method (`--select`)
+SELECT_LONG = 15000  # the selection's target applies to qa rows at least this long ("16K")
+SELECT_SOONER = 3.0  # its first token at least this many times sooner than the full prefill's
 
 
 def _line(ok: bool, text: str) -> str:
@@ -242,6 +245,22 @@ def openvino_lines(rows: list[dict]) -> list[str]:
     return out
 
 
+def select_lines(rows: list[dict]) -> list[str]:
+    """`cake qa --prefill select` at 16K: its time to the first token at least SELECT_SOONER x sooner
+    than the full cache's in the same CLI group (rows measured apart: every pairing of the repeats)."""
+    out = []
+    for sel in (r for r in rows if r["method"] == SELECT_METHOD and r["length"] >= SELECT_LONG):
+        full = next(
+            (r for r in rows if (r["group"], r["length"], r["method"]) == (sel["group"], sel["length"], "full")), None
+        )
+        if full is None:
+            continue
+        model, dtype, _ = _split(sel["group"])
+        where = f"{model} {dtype} qa --prefill select at {sel['length']} tokens: first token sooner than full by"
+        out.append(timed_line(where, cross_ratio(full, sel, "ttft_seconds"), SELECT_SOONER, at_least=True))
+    return out
+
+
 def target_lines(rows: list[dict]) -> list[str]:
     """Every target line the rows allow."""
     return (
@@ -252,4 +271,5 @@ def target_lines(rows: list[dict]) -> list[str]:
         + kvpress_lines(rows)
         + llama_lines(rows)
         + openvino_lines(rows)
+        + select_lines(rows)
     )

@@ -99,6 +99,23 @@ def speed(
             "at the same budget (needs `bash benchmarks/openvino_env.sh`).",
         ),
     ] = False,
+    peak: Annotated[
+        bool,
+        o._flag(
+            "--peak",
+            help="Also split one prefill of the full cache and of CAKE at every length into linear layers, attention "
+            "and the rest, each against the host's GEMM peak at the model's own shapes (float32, bf16 where native, "
+            "int8 through w8a8's kernel); printed first.",
+        ),
+    ] = False,
+    select: Annotated[
+        bool,
+        o._flag(
+            "--select",
+            help="Also time `cake qa --prefill select` (CAKE after GemFilter's selection) beside the CLI's qa rows; "
+            "at --cli-length 16384 or more, its target line (first token >= 3x sooner than the full prefill).",
+        ),
+    ] = False,
     weights: o.Weights = "bf16",
     attention: o.Attention = "auto",
     json_out: o.Json = False,
@@ -116,6 +133,10 @@ def speed(
         tasks = [t.strip() for t in cli_tasks.split(",") if t.strip()]
         if any(t not in ("qa", "summarize") for t in tasks):
             raise UsageError(f"--cli-tasks takes qa and summarize, got '{cli_tasks}'")
+        if select and "qa" not in tasks:
+            raise UsageError(
+                "--select times `cake qa --prefill select` beside the CLI's qa rows", "keep qa in --cli-tasks"
+            )
         if rss and not llama:
             raise UsageError("--rss compares CAKE's process memory with llama.cpp's", "add --llama")
         if new_tokens < 2 or repeats < 1:
@@ -147,5 +168,7 @@ def speed(
                 prefill_once,
                 rss,
                 openvino,
+                peak,
+                select,
             )
         )

@@ -18,11 +18,11 @@ from cake_cli.cli.app import app, handled
 from cake_cli.cli.options import PrefillOptions, TaskOptions, with_options
 from cake_cli.cli.progress import StderrProgress
 from cake_cli.engine.config import SamplingConfig
-from cake_cli.errors import UsageError
+from cake_cli.errors import UsageError, unknown_name
 from cake_cli.files import check_writable
 from cake_cli.tasks.answers.completion import DEFAULT_LINES
 from cake_cli.tasks.planning import for_fields, plan
-from cake_cli.tasks.request import MIDDLE, SECTIONS, Callbacks, Plan, TaskRequest
+from cake_cli.tasks.request import MIDDLE, PREFILLS, SECTIONS, Callbacks, Plan, TaskRequest
 from cake_cli.tasks.saved.request import check_global
 
 Questions = Annotated[
@@ -46,6 +46,63 @@ Long = Annotated[
         "with their pages).",
     ),
 ]
+
+PrefillMode = Annotated[
+    str,
+    typer.Option(
+        "--prefill",
+        metavar="MODE",
+        help="full reads the whole prompt; select (opt-in, GemFilter's early-layer filter) first runs the early "
+        "layers over the whole prompt, keeps the document tokens the question's attention picks there (with the "
+        "question and the first tokens), then runs the model over those only, with CAKE's budget: a sooner first "
+        "token, at some risk to the answer (positions re-indexed; models with sliding-window layers refused).",
+    ),
+]
+SelectTokens = Annotated[
+    int | None,
+    typer.Option(
+        "--select-tokens",
+        metavar="N",
+        show_default=False,
+        help="--prefill select: document tokens kept (default 4 x the budget).",
+    ),
+]
+SelectLayer = Annotated[
+    int | None,
+    typer.Option(
+        "--select-layer",
+        metavar="L",
+        show_default=False,
+        help="--prefill select: the 0-based layer whose attention picks them (default 13/32 of the depth, "
+        "GemFilter's; layers 0..L run over the whole prompt).",
+    ),
+]
+
+
+def check_prefill(prefill: str, tokens: int | None, layer: int | None, questions: int, long: str) -> None:
+    """Cheap checks of --prefill, --select-tokens and --select-layer.
+
+    Raises:
+        UsageError: an unknown mode, a count below 1 or a negative layer, the select options without
+            --prefill select, or select with several questions or --long sections.
+    """
+    if prefill not in PREFILLS:
+        raise unknown_name("--prefill mode", prefill, PREFILLS)
+    if prefill != "select":
+        if tokens is not None or layer is not None:
+            raise UsageError("--select-tokens and --select-layer go with --prefill select", "add --prefill select")
+        return
+    if tokens is not None and tokens < 1:
+        raise UsageError(f"--select-tokens must be >= 1, got {tokens}")
+    if layer is not None and layer < 0:
+        raise UsageError(f"--select-layer must be >= 0, got {layer}")
+    if questions > 1:
+        raise UsageError(
+            "--prefill select chooses tokens for one question; several share one prefill of the whole document",
+            "give one question, or leave --prefill out",
+        )
+    if long == SECTIONS:
+        raise UsageError("--prefill select reads one prompt; --long sections reads several", "leave one of them out")
 
 
 def resolve_document(document: str | None) -> str:
@@ -116,6 +173,11 @@ def run_command(
         progress = StderrProgress(opts.quiet)
         checked = checked_plan(request, progress)
         check_global(checked)
+        if request.prefill == "select" and checked.saved is not None:
+            raise UsageError(
+                "--prefill select reads a document; a .cake file was compressed without the question",
+                "pass the document itself, or leave --prefill out",
+            )
         if questions and request.long == SECTIONS:
             raise UsageError("--long sections answers one question at a time", "give one question, or leave --long out")
         plans = [for_fields(checked, {"question": q}) for q in questions] if questions else [checked]
@@ -133,16 +195,28 @@ def summarize(document: o.Document = None, long: Long = MIDDLE, *, opts: TaskOpt
 
 @app.command()
 @with_options(TaskOptions)
-def qa(document: o.RequiredDocument, questions: Questions = None, long: Long = MIDDLE, *, opts: TaskOptions) -> None:
+def qa(
+    document: o.RequiredDocument,
+    questions: Questions = None,
+    long: Long = MIDDLE,
+    prefill: PrefillMode = "full",
+    select_tokens: SelectTokens = None,
+    select_layer: SelectLayer = None,
+    *,
+    opts: TaskOptions,
+) -> None:
     """Answer a question about a long document (or a .cake file from `cake compress`). One question ends
     the prompt, so CAKE keeps what it needs; several (`cake qa DOC Q1 Q2`) share one prefill of the
     document, and each answer follows a numbered line naming its question. Only the document is ever
     truncated."""
     asked = list(questions or [])
-    if not asked:
-        with handled():
+    with handled():
+        if not asked:
             raise UsageError("task 'qa' needs a question", 'give it after the document, e.g. cake qa DOC "Who signed?"')
-    run_command("qa", document, {"question": asked[0]}, opts, questions=asked if len(asked) > 1 else None, long=long)
+        check_prefill(prefill, select_tokens, select_layer, len(asked), long)
+    selecting = dict(prefill=prefill, select_tokens=select_tokens, select_layer=select_layer)
+    several = asked if len(asked) > 1 else None
+    run_command("qa", document, {"question": asked[0]}, opts, questions=several, long=long, **selecting)
 
 
 @app.command()

@@ -12,16 +12,18 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import torch
 from rich.markup import escape
 
 from cake_cli.bench.corpus import python_docs_text
 from cake_cli.bench.speed.llama import LlamaEngine, model_gguf
 from cake_cli.bench.speed.openvino import openvino_rows
 from cake_cli.bench.speed.paths import QUESTION, busy_core, cli_row, document_file, kvpress_row, safe, safe_rows
-from cake_cli.bench.speed.report import ratios, speed_tables
-from cake_cli.bench.speed.rows import WARMUP_TOKENS, run_speed
+from cake_cli.bench.speed.peak import peak_row, split_prefill
+from cake_cli.bench.speed.report import peak_tables, ratios, speed_tables
+from cake_cli.bench.speed.rows import WARMUP_TOKENS, config_for, run_speed
 from cake_cli.bench.speed.rss import ENGINES, ChildRun, memory_lines, process_peak
-from cake_cli.bench.speed.targets import target_lines
+from cake_cli.bench.speed.targets import SELECT_METHOD, target_lines
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.cli.runners.bench_common import command_line, machine, progress_bar
 from cake_cli.engine.config import CakeConfig
@@ -29,6 +31,7 @@ from cake_cli.errors import CakeError, UsageError
 from cake_cli.tasks.request import TaskRequest
 from cake_cli.tasks.runner import ReadyModel, prompt_limit, ready_model
 from cake_cli.tasks.threads import choose
+from cake_cli.tasks.threads import using as threads_using
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,15 @@ class SpeedSetup:
     prefill_once: bool = False  # engine and llama.cpp rows: one timed prefill, `repeats` decodes from it
     rss: bool = False  # process memory of CAKE and llama.cpp in child processes (`speed.rss`)
     openvino: bool = False  # OpenVINO GenAI's full-cache and eviction rows (`speed.openvino`)
+    peak: bool = False  # the prefill split and the GEMM peak at the model's shapes (`speed.peak`)
+    select: bool = False  # a `cake qa --prefill select` row (CAKE) beside the CLI's qa rows
 
 
-def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, on_case, warn, memory: list) -> list:
+def _model_rows(
+    setup: SpeedSetup, model: str | None, dtype: str, first: bool, on_case, warn, memory: list, peaks: list
+) -> list:
     """Every row of one model in one dtype (the CLI, busy, kvpress and memory rows for the first dtype
-    only; memory rows are appended to `memory`)."""
+    only; memory rows are appended to `memory`, `speed.peak` rows to `peaks`)."""
     request = TaskRequest(
         task="qa", document="-", model=model, dtype=dtype, attention=setup.attention, weights=setup.weights
     )
@@ -80,6 +87,8 @@ def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, o
     if first and setup.kvpress and n not in lengths:  # kvpress is compared with our rows at its own length
         lengths.append(n)
     threads = choose(None)
+    if setup.peak:
+        peaks += _peak_rows(loaded.model, name, ids, lengths, base, setup, threads, on_case)
     with tempfile.TemporaryDirectory() as tmp:
         others = (
             _llama_engine(model, loaded, ids, lengths, group, threads, setup, on_case, warn, Path(tmp)) if first else []
@@ -107,6 +116,22 @@ def _model_rows(setup: SpeedSetup, model: str | None, dtype: str, first: bool, o
     if setup.rss:
         memory += _memory_rows(model, loaded, ids, lengths, name, base, threads, setup, on_case, warn)
     rows += _path_rows(setup, ready, request, ids[:n], group, base, on_case, warn)
+    return rows
+
+
+def _peak_rows(model, name: str, ids, lengths: list[int], base: CakeConfig, setup, threads, on_case) -> list[dict]:
+    """`speed.peak.peak_row` for the full cache and CAKE (those of --methods) at every length, on the
+    prefill's threads, after one warm-up prefill; as dicts (`PeakRow.to_dict`)."""
+    device = model.get_input_embeddings().weight.device
+    methods = [m for m in ("full", "cake") if m in setup.methods] or setup.methods[:1]
+    rows = []
+    with threads_using(threads.prefill):
+        split_prefill(model, torch.tensor([ids[:WARMUP_TOKENS]], device=device), None)  # warm-up, not measured
+        for n in lengths:
+            for method in methods:
+                on_case(f"{name}: prefill against the peak, {method} @ {n} tokens")
+                ids_n = torch.tensor([ids[:n]], device=device)
+                rows.append(peak_row(model, name, ids_n, config_for(method, base), method).to_dict())
     return rows
 
 
@@ -211,6 +236,14 @@ def _path_rows(setup, ready: ReadyModel, request, ids, group, base: CakeConfig, 
                     ready, task_request, f"{group} · cli {task}", method, on_case, repeats=setup.repeats, warmup=warm
                 )
                 rows.append(row)
+            if task == "qa" and setup.select:  # GemFilter's selection, then CAKE (`engine.selection`)
+                selecting = replace(task_request, prefill="select")
+                rows.append(
+                    cli_row(
+                        ready, selecting, f"{group} · cli {task}", "cake", on_case, repeats=setup.repeats,
+                        warmup=warm, label=SELECT_METHOD,
+                    )
+                )  # fmt: skip
     if setup.busy:  # the same case back to back: quiet, then with one core busy
         for label in ("quiet", "busy"):
             with busy_core() if label == "busy" else nullcontext():
@@ -256,7 +289,7 @@ def speed(setup: SpeedSetup) -> None:
         warnings.append(message)
         err.print(f"[yellow]warning:[/] {escape(message)}")
 
-    rows, memory = [], []
+    rows, memory, peaks = [], [], []
     with progress_bar() as bar:
         task = bar.add_task("bench speed", total=None)
 
@@ -266,7 +299,7 @@ def speed(setup: SpeedSetup) -> None:
 
         for model in setup.models:
             for i, dtype in enumerate(setup.dtypes):
-                rows += _model_rows(setup, model, dtype, i == 0, on_case, warn, memory)
+                rows += _model_rows(setup, model, dtype, i == 0, on_case, warn, memory, peaks)
     data = ratios(rows)
     checks = target_lines(data) + memory_lines(memory)
     meta = {
@@ -279,10 +312,13 @@ def speed(setup: SpeedSetup) -> None:
     }
     if setup.json_out:
         payload = {"meta": meta, "rows": data, "memory": [asdict(m) for m in memory], "checks": checks}
+        if setup.peak:
+            payload["peak"] = peaks
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
     out = console(stderr=False)
-    for table in speed_tables(data, f"cake bench speed · B = {meta['budget']} · {meta['machine']}"):
+    title = f"cake bench speed · B = {meta['budget']} · {meta['machine']}"
+    for table in peak_tables(peaks, title) + speed_tables(data, title):
         out.print(table)
     for m in memory:
         out.print(

@@ -32,6 +32,18 @@ def ir_folder(model_dir: Path) -> Path:
     return models_dir() / "openvino" / f"{model_dir.resolve().name}-int8"
 
 
+def require() -> None:
+    """Raise unless OpenVINO GenAI's venv is set up.
+
+    Raises:
+        CakeError: the venv is missing, with the command that makes it.
+    """
+    if not available():
+        raise CakeError(
+            "OpenVINO GenAI is not set up", "run `bash benchmarks/openvino_env.sh` (it makes .venv-openvino)"
+        )
+
+
 def openvino_rows(
     model_dir: Path,
     token_ids: list[int],
@@ -53,10 +65,7 @@ def openvino_rows(
     Raises:
         CakeError: the venv is missing (with the command that makes it) or the run failed.
     """
-    if not available():
-        raise CakeError(
-            "OpenVINO GenAI is not set up", "run `bash benchmarks/openvino_env.sh` (it makes .venv-openvino)"
-        )
+    require()
     args = {
         "--model-dir": model_dir,
         "--ir-dir": ir_folder(model_dir),

@@ -16,6 +16,7 @@ import torch
 from rich.markup import escape
 
 from cake_cli.bench.corpus import python_docs_text
+from cake_cli.bench.speed import openvino
 from cake_cli.bench.speed.llama import LlamaEngine, model_gguf
 from cake_cli.bench.speed.openvino import openvino_rows
 from cake_cli.bench.speed.paths import QUESTION, busy_core, cli_row, document_file, kvpress_row, safe, safe_rows
@@ -193,6 +194,7 @@ def _openvino_rows(loaded, ids, lengths, group, base: CakeConfig, threads, setup
 
     def make(n: int) -> list:
         on_case(f"{group}: OpenVINO GenAI @ {n} tokens")
+        openvino.require()  # before the float checkpoint, which a lean model converts first (minutes, GBs)
         checkpoint = loaded.float_checkpoint()
         if checkpoint is None:
             raise CakeError("OpenVINO GenAI needs the model's checkpoint folder", "load the model from a folder")

@@ -2,12 +2,14 @@
 Sec. 3.2-3.3 and Algorithm 1; docs/method.md §Quantized KV).
 
 A `QuantLayer` is a global layer's cache whose older slots are held as the .cake file's parts
-(`kvquant.quantize_entry`: keys per channel, values per token, grouped affine, 8 or 4 bits, 4-bit codes
-packed two to a byte, float16 scales and zeros), so loading a file is a copy. Its newest slots, the
-*residual*, stay in the model's dtype, as KIVI keeps its R most recent tokens in full precision: the
-prefix's last `recent` tokens (the observation window: what every question attends to first) and every
-token added since (the question, the answer). Slots 0 .. m-1 are quantized, m .. m+r-1 the residual; the
-positions [H_kv, m + r] cover both, and slots stay in position order.
+(`kvquant.quantize_entry`: keys per channel, values per token, grouped affine, 8, 4 or 2 bits, 4-bit and
+2-bit codes packed two and four to a byte, float16 scales and zeros), so loading a file is a copy. Its
+newest slots, the *residual*, stay in the model's dtype, as KIVI keeps its R most recent tokens in full
+precision: the prefix's last `recent` tokens (the observation window: what every question attends to
+first) and every token added since (the question, the answer). A format-5 file's first `sink` tokens (the
+attention sinks) stay in the model's dtype too. Slots 0 .. s-1 are the sink, s .. s+m-1 quantized,
+s+m .. s+m+r-1 the residual; the positions [H_kv, s + m + r] cover all three, and slots stay in position
+order.
 
 **Attention.** `update` returns the layer's whole keys and values [1, H_kv, m + r, d] in the model's dtype,
 the quantized slots dequantized for this one call, a block at a time (a transient of one layer, dropped
@@ -24,7 +26,10 @@ keeps its per-channel group's scale and zero, so each slot remembers its group (
 int32, made at the first eviction from the quantized slots; a group's scale and zero stay until no KV head
 holds one of its slots). When the KV heads of a layer drop different numbers of quantized slots, the extra
 quantized slots of the heads that kept more move to the residual as their dequantized values (exact: the
-values a dequantized cache holds), at most H_kv - 1 slots per step.
+values a dequantized cache holds), at most H_kv - 1 slots per step. Sink slots that every head keeps in
+equal numbers stay the sink; when the heads keep different numbers of them (a head evicted one), the layer's
+kept slots all move to the residual, dequantized: exact and in position order, at the memory of a
+dequantized layer (measured in `nbytes`).
 
 **Not quantized in memory** (held in the model's dtype, as a loaded file was before): local
 (sliding-window) layers, which hold at most window - 1 tokens, and layers whose KV heads hold different

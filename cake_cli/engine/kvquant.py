@@ -4,12 +4,20 @@ arXiv 2402.02750; docs/method.md §Quantized KV).
 KIVI's layout: **keys per channel** (a group is G consecutive tokens of one channel of one KV head:
 key outliers sit in fixed channels, so a channel's range is narrow across tokens) and **values per
 token** (a group is G consecutive channels of one token of one KV head). Each group stores a float16
-scale s and zero z; a value x becomes the code c = round((x - z) / s) in 0 .. 2^b - 1 (b = 8 or 4 bits;
-two 4-bit codes share a byte along the channels) and comes back as c · s + z. A group's last tokens
-or channels may be fewer than G (B_l + w need not be a multiple of G): the partial group is its own
-group. The newest r tokens of every layer (r = the observation window w: the tokens every question
-attends to first) stay in the model's dtype, as KIVI keeps its recent tokens in full precision.
+scale s and zero z; a value x becomes the code c = round((x - z) / s) in 0 .. 2^b - 1 (b = 8, 4 or 2
+bits; two 4-bit or four 2-bit codes share a byte along the channels) and comes back as c · s + z. A
+group's last tokens or channels may be fewer than G (B_l + w need not be a multiple of G): the partial
+group is its own group. The newest r tokens of every layer (r = the observation window w: the tokens
+every question attends to first) stay in the model's dtype, as KIVI keeps its recent tokens in full
+precision; from format 5 the first s tokens too (the attention sinks, `DEFAULT_KV_SINK` = 4: most queries
+put much of their attention there, so their error weighs on every output; `benchmarks/kv_quant_error.py`
+measured the window's attention error 15-20% lower with them exact on the default model, at 0.02% of an
+8K-token file per sink token).
 
+What `benchmarks/kv_quant_error.py` found on the default model's real cache (benchmarks/cache.md
+"Where 4-bit losses come from"): quantizing keys per token instead of per channel triples the attention
+error (Qwen's key bias puts a constant offset in a few channels, 40-140x a channel's spread in layers 0-2
+and 8), larger groups cost more than the bytes they save, and bfloat16 or float32 scales change nothing.
 Error bound: z is rounded down and s up to float16 so that z <= min and z + (2^b - 1) · s >= max
 over the group; then every x of the group is within s / 2 of its dequantized value (plus float32
 rounding), which `tests/engine/test_kvquant.py` checks.

@@ -10,7 +10,7 @@ question in the window at budget B (`continuation.continue_and_decode(evict=True
 
 A small sample for a quick check, not the evidence the default needs (benchmarks/cache.md):
 
-    python benchmarks/kv_bits_quality.py --documents python-shlex --questions 6 \
+    python benchmarks/kv_bits_quality.py --documents python-shlex --questions 3 \
         -o benchmarks/runs/kv-bits-quality-smoke.json
 """
 
@@ -34,8 +34,7 @@ from cake_cli.cli.bench_options import configs_for
 from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK
 from cake_cli.engine.continuation import cache_tensors, continue_and_decode, quantized_in_memory
 from cake_cli.engine.replay import record, replay
-from cake_cli.models.loader import load_model
-from cake_cli.tasks.runner import prompt_limit, stop_token_ids
+from cake_cli.tasks.runner import load_ready, prompt_limit, stop_token_ids
 from cake_cli.tasks.templates import load_template
 
 
@@ -44,22 +43,31 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="model name or path (default: the embedded default)")
     parser.add_argument("--documents", default="python-shlex", help="real-set document ids, comma-separated")
     parser.add_argument("--questions", type=int, default=6, help="each document's first N questions")
-    parser.add_argument("--bits", default="16,4,2", help="KV bit widths, comma-separated (16 first: the reference)")
+    parser.add_argument(
+        "--layouts",
+        default="16,4,2",
+        help="comma-separated BITS[/SINK[/RECENT]] (defaults: the file's sink and the window); the first is the "
+        "reference of the paired comparison",
+    )
     parser.add_argument("--budget", type=int, default=256, help="B, tokens per layer at question time")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("-o", "--output", type=Path, required=True, help="JSON: settings and every answer")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    bits_list = [int(b) for b in args.bits.split(",")]
-    lm = load_model(args.model)
+    layouts = [layout.split("/") for layout in args.layouts.split(",")]
+    lm = load_ready(args.model, "auto", "sdpa").loaded  # switched to CAKE attention, as `cake qa` runs
     model = Model(lm.model, lm.tokenizer, prompt_limit(lm, 64), stop_token_ids(lm))
     config = configs_for(args.model, None, [args.budget])[args.budget]
     window, new_tokens = config.window, load_template(REAL_TEMPLATE).max_new_tokens
     documents, missing = open_documents(load_set(), args.documents.split(","))
     if missing:
         raise SystemExit(f"error: documents not installed: {', '.join(missing)}")
+    layouts = [
+        (int(x[0]), int(x[1]) if len(x) > 1 else DEFAULT_KV_SINK, int(x[2]) if len(x) > 2 else window) for x in layouts
+    ]  # (bits, sink, recent)
+    names = [f"{b}" + ("" if (s, r) == (DEFAULT_KV_SINK, window) else f"/{s}/{r}") for b, s, r in layouts]
     meta = dict(model=lm.name, dtype=str(lm.dtype), budget=args.budget, window=window, group=DEFAULT_KV_GROUP,
-                sink=DEFAULT_KV_SINK, bits=bits_list, threads=args.threads)  # fmt: skip
+                layouts=names, threads=args.threads)  # fmt: skip
     rows, files = [], {}
     for doc in documents:
         cases = [build_case(model, doc, q, 32768) for q in list(doc.questions)[: args.questions]]
@@ -67,35 +75,35 @@ def main() -> None:
         began = time.perf_counter()
         whole = replay(record(model.model, torch.tensor([cases[0].input_ids[:n]]), window, accumulate=False), None)
         print(f"{doc.spec.id}: {n}-token prefix prefilled in {time.perf_counter() - began:.1f} s", flush=True)
-        for bits in bits_list:
-            state = whole if bits == 16 else quantized_in_memory(whole, bits, DEFAULT_KV_GROUP, window, DEFAULT_KV_SINK)
-            size = len(save_tensors(cache_tensors(whole.cache, bits, DEFAULT_KV_GROUP, window, DEFAULT_KV_SINK)))
-            files[f"{doc.spec.id}/{bits}"] = size
+        for name, (bits, sink, recent) in zip(names, layouts):
+            state = whole if bits == 16 else quantized_in_memory(whole, bits, DEFAULT_KV_GROUP, recent, sink)
+            size = len(save_tensors(cache_tensors(whole.cache, bits, DEFAULT_KV_GROUP, recent, sink)))
+            files[f"{doc.spec.id}/{name}"] = size
             for case in cases:
                 began = time.perf_counter()
                 ids = torch.tensor([case.input_ids])
                 result = continue_and_decode(model.model, state, ids, config, evict=True,
                                              max_new_tokens=new_tokens, stop_ids=model.stop_ids)  # fmt: skip
                 text = lm.tokenizer.decode(list(result.token_ids), skip_special_tokens=True).strip()
-                row = _row(case, SimpleNamespace(name=f"file-{bits}"), args.budget, config, text,
+                row = _row(case, SimpleNamespace(name=f"file-{name}"), args.budget, config, text,
                            time.perf_counter() - began, 0.0)  # fmt: skip
-                rows.append(dict(asdict(row), bits=bits, file_bytes=size))
-                print(f"  {bits:>2} bits {case.question.id}: score {row.score:.2f} ({row.support})", flush=True)
+                rows.append(dict(asdict(row), layout=name, bits=bits, sink=sink, recent=recent, file_bytes=size))
+                print(f"  {name:>8} {case.question.id}: score {row.score:.2f} ({row.support})", flush=True)
             args.output.write_text(json.dumps(dict(meta=meta, files=files, rows=rows), indent=1) + "\n")
-    print(f"\nsmall sample: {len(rows) // len(bits_list)} questions per bit width, B = {args.budget}")
-    print("| bits | score | exact | vs 16-bit: better / same / worse | file bytes / 16-bit |")
-    print("|---:|---:|---:|---|---:|")
-    ref = {r["case_id"]: r["score"] for r in rows if r["bits"] == bits_list[0]}
-    for bits in bits_list:
-        mine = [r for r in rows if r["bits"] == bits]
+    print(f"\nsmall sample: {len(rows) // len(names)} questions per layout, B = {args.budget}")
+    print("| layout (bits[/sink/recent]) | score | exact | vs the first: better / same / worse | file bytes / first |")
+    print("|---|---:|---:|---|---:|")
+    ref = {r["case_id"]: r["score"] for r in rows if r["layout"] == names[0]}
+    for name in names:
+        mine = [r for r in rows if r["layout"] == name]
         score = 100 * sum(r["score"] for r in mine) / len(mine)
         exact = 100 * sum(r["exact"] for r in mine) / len(mine)
         diffs = [r["score"] - ref[r["case_id"]] for r in mine]
         wtl = f"{sum(d > 0 for d in diffs)} / {sum(d == 0 for d in diffs)} / {sum(d < 0 for d in diffs)}"
-        ratio = sum(files[f"{d.spec.id}/{bits}"] for d in documents) / sum(
-            files[f"{d.spec.id}/{bits_list[0]}"] for d in documents
+        ratio = sum(files[f"{d.spec.id}/{name}"] for d in documents) / sum(
+            files[f"{d.spec.id}/{names[0]}"] for d in documents
         )
-        print(f"| {bits} | {score:.1f} | {exact:.1f} | {wtl} | {ratio:.3f} |")
+        print(f"| {name} | {score:.1f} | {exact:.1f} | {wtl} | {ratio:.3f} |")
 
 
 if __name__ == "__main__":

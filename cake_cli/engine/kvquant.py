@@ -10,14 +10,16 @@ group's last tokens or channels may be fewer than G (B_l + w need not be a multi
 group is its own group. The newest r tokens of every layer (r = the observation window w: the tokens
 every question attends to first) stay in the model's dtype, as KIVI keeps its recent tokens in full
 precision; from format 5 the first s tokens too (the attention sinks, `DEFAULT_KV_SINK` = 4: most queries
-put much of their attention there, so their error weighs on every output; `benchmarks/kv_quant_error.py`
-measured the window's attention error 15-20% lower with them exact on the default model, at 0.02% of an
-8K-token file per sink token).
+put much of their attention there, so their error weighs on every output; on the default model's real
+cache `benchmarks/kv_quant_error.py` measured the window's attention error 12-19% lower with them exact,
+at 8, 4 and 2 bits, for 0.001x the 16-bit file at 4K tokens).
 
-What `benchmarks/kv_quant_error.py` found on the default model's real cache (benchmarks/cache.md
-"Where 4-bit losses come from"): quantizing keys per token instead of per channel triples the attention
-error (Qwen's key bias puts a constant offset in a few channels, 40-140x a channel's spread in layers 0-2
-and 8), larger groups cost more than the bytes they save, and bfloat16 or float32 scales change nothing.
+What else that diagnostic found (benchmarks/cache.md "Quantization at 2 and 4 bits"): keys quantized per
+token instead of per channel give 3-6x the attention error (Qwen's key bias puts a constant offset in some
+channels, up to 140x a channel's spread), at 4 bits groups of 64 or 128 save 7-10% of the file for 19-26% more
+error, bfloat16 or float32 scales change nothing, and at 2 bits the values' error (43% of their norm)
+dominates.
+
 Error bound: z is rounded down and s up to float16 so that z <= min and z + (2^b - 1) · s >= max
 over the group; then every x of the group is within s / 2 of its dequantized value (plus float32
 rounding), which `tests/engine/test_kvquant.py` checks.

@@ -55,7 +55,8 @@ class QuantLayer(CakeLayer):
     """A global layer held as quantized slots + a full-precision residual (module docstring).
 
     Attributes:
-        bits: 8 or 4. group: G, entries per quantization group. width: d, the head dimension.
+        bits: 8, 4 or 2. group: G, entries per quantization group. width: d, the head dimension.
+        sink: the first s slots [1, H_kv, s, d] keys and values in the model's dtype (format 5), or None.
         parts: {"keys": {...}, "values": {...}} each {"codes": [H_kv, m, ceil(d · bits / 8)] uint8, "scale"
             and "zero" float16 (keys [H_kv, groups, d], values [H_kv, m, ceil(d / G)])}, `kvquant`'s layout.
         group_of: [H_kv, m] int32 the key group of each quantized slot, or None (slot i is in group i // G).

@@ -15,7 +15,9 @@ before format 5 (keys per channel in groups of G tokens, values per token in gro
 scales and zeros, the last 32 tokens exact); `keys/token` keys quantized per token like values (the layout KIVI
 argues against); `keys/token-bias` the same after subtracting each channel's mean over the document (kept exact:
 Qwen's k_proj bias and outlier channels); `G` the group size; `sink S` the first S tokens kept exact;
-`recent R` the newest R tokens exact (KIVI's residual); `scales bf16 / fp32` the scales' and zeros' format.
+`recent R` the newest R tokens exact (KIVI's residual); `scales bf16 / fp32` the scales' and zeros' format;
+`values rotated` the values' channels multiplied by an orthonormal Hadamard matrix before quantization and by
+its transpose after (QuaRot's rotation, Ashkboos et al. 2024: not in the file format).
 
     python benchmarks/kv_quant_error.py -o benchmarks/runs/kv-quant-error-qwen.json \
         > benchmarks/runs/kv-quant-error-qwen.txt
@@ -52,6 +54,7 @@ class Scheme:
     scale_dtype: torch.dtype = torch.float16
     center_keys: bool = False  # subtract each channel's mean (stored exact) before quantizing keys
     value_group: int | None = None  # channels per value group (None: min(group, d))
+    rotate_values: bool = False  # quantize V·H (H an orthonormal Hadamard matrix over the channels), then undo it
 
     def file_ratio(self, n: int, d: int) -> float:
         """Bytes of keys + values as a fraction of 16-bit ones, for one KV head of n tokens, head dim d."""
@@ -77,12 +80,26 @@ def fake_quant(x: torch.Tensor, scheme: Scheme, kind: str) -> torch.Tensor:
     shift = torch.zeros(1, 1, d)
     if kind == "keys" and scheme.center_keys:
         shift = x.mean(dim=1, keepdim=True)
+    rotation = hadamard(d) if kind == "values" and scheme.rotate_values else None
+    if rotation is not None:
+        mid = mid @ rotation  # [H_kv, m, d]: outlier channels spread over all (QuaRot, Ashkboos et al. 2024)
     by_channel = kind == "keys" and scheme.key_axis == "channel"
     group = scheme.group if kind == "keys" else (scheme.value_group or min(scheme.group, d))
     dim = -2 if by_channel else -1
     codes, scale, zero = kvquant.quantize(mid - shift, scheme.bits, dim, group, scheme.scale_dtype)
-    out[:, lo:hi] = kvquant.dequantize(codes, scale, zero, dim, group) + shift
+    back = kvquant.dequantize(codes, scale, zero, dim, group) + shift
+    out[:, lo:hi] = back if rotation is None else back @ rotation.T
     return out
+
+
+def hadamard(d: int) -> torch.Tensor:
+    """[d, d] orthonormal Hadamard matrix (Sylvester's construction; d a power of 2)."""
+    if d & (d - 1):
+        raise ValueError(f"a Hadamard rotation needs a power-of-2 head dimension (got {d})")
+    h = torch.ones(1, 1)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(d)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -145,6 +162,8 @@ def schemes(bits_list: list[int]) -> list[Scheme]:
             Scheme(f"sink 4 recent 128 {bits}", bits, sink=4, recent=128),
             Scheme(f"sink 4 v16 {bits}", bits, sink=4, value_group=16),
             Scheme(f"sink 4 recent 128 v16 {bits}", bits, sink=4, recent=128, value_group=16),
+            Scheme(f"sink 4 values rotated {bits}", bits, sink=4, rotate_values=True),
+            Scheme(f"sink 4 values rotated v64 {bits}", bits, sink=4, rotate_values=True, value_group=64),
             Scheme(f"scales bf16 {bits}", bits, scale_dtype=torch.bfloat16),
             Scheme(f"scales fp32 {bits}", bits, scale_dtype=torch.float32),
         ]

@@ -11,7 +11,7 @@ attention sinks) stay in the model's dtype too. Slots 0 .. s-1 are the sink, s .
 s+m .. s+m+r-1 the residual; the positions [H_kv, s + m + r] cover all three, and slots stay in position
 order.
 
-**Attention.** `update` returns the layer's whole keys and values [1, H_kv, m + r, d] in the model's dtype,
+**Attention.** `update` returns the layer's whole keys and values [1, H_kv, s + m + r, d] in the model's dtype,
 the quantized slots dequantized for this one call, a block at a time (a transient of one layer, dropped
 once it has attended; `CakeCache.track_peak` counts it). So every attention backend (eager, SDPA, the CPU
 single-query path; flash_attention_2 gets the same tensors, not run in the tests: no GPU), mask and
@@ -132,7 +132,7 @@ class QuantLayer(CakeLayer):
         return out[0:1], out[1:2]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Append q new tokens to the residual (`CakeLayer.update`); return the whole layer [1, H_kv, m + r, d]
+        """Append q new tokens to the residual (`CakeLayer.update`); return the whole layer [1, H_kv, s + m + r, d]
         in the model's dtype, for this attention call only."""
         super().update(key_states, value_states)
         return self.whole()

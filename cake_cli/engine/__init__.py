@@ -7,7 +7,7 @@ Public API (loaded lazily, so `import cake_cli.engine.methods` stays free of tor
   `FAMILIES`, `check_model`, `attention_layout` (local sliding layers, limits), `UnsupportedModelError`
 - running: `prefill`, `decode`, `generate` -> `GenerationResult`; `record` / `replay` for grids
 - a compressed prefix continued many times: `extend`, `continue_and_decode`; the cache as flat
-  tensors for a file: `cache_tensors`, `cache_from_tensors` (16, 8 or 4 bits, `KV_BITS`), and
+  tensors for a file: `cache_tensors`, `cache_from_tensors` (16, 8, 4 or 2 bits, `KV_BITS`), and
   `requantized`, `quantized_in_memory` (module `continuation`; held quantized: `QuantLayer`, module
   `kvmemory`); question-agnostic compression by reconstruction:
   `compress_by_reconstruction`, `reconstruction_scores` (module `reconstruct`)

@@ -11,7 +11,8 @@ from cake_cli.engine.indicators import INDICATORS
 
 DECODE_POLICIES = ("fixed", "grow")
 POOL_KINDS = ("avg", "max")
-KV_BITS = (16, 8, 4)  # bits per saved key/value: 16 = the model's dtype, 8 / 4 = grouped affine (`kvquant`)
+KV_BITS = (16, 8, 4, 2)  # bits per saved key/value: 16 = the model's dtype, 8 / 4 / 2 = grouped affine (`kvquant`)
+DEFAULT_KV_SINK = 4  # first tokens of a layer kept exact in a quantized file (format 5; benchmarks/cache.md)
 DEFAULT_KV_GROUP = 32  # entries per quantization group (KIVI's group size)
 
 

@@ -286,16 +286,17 @@ def extend_and_evict(model, state: Prefilled, input_ids: torch.Tensor, config: C
 
 
 def cache_tensors(
-    cache: CakeCache, bits: int = 16, group: int = DEFAULT_GROUP, recent: int = 0
+    cache: CakeCache, bits: int = 16, group: int = DEFAULT_GROUP, recent: int = 0, sink: int = 0
 ) -> dict[str, torch.Tensor]:
     """The cache as flat tensors, all contiguous on CPU; per layer i, `positions.i` [H_kv, len_i] true
     positions (int16 below 32768 positions, else int32: a position costs 1-2% of a token's keys and
     values) and
 
     - bits 16: `keys.i` and `values.i` [H_kv, len_i, d] (rotated keys, model dtype);
-    - bits 8 or 4: `keys.i.<part>` and `values.i.<part>` for the parts of `kvquant.quantize_entry`
+    - bits 8, 4 or 2: `keys.i.<part>` and `values.i.<part>` for the parts of `kvquant.quantize_entry`
       (KIVI's grouped affine codes, float16 scales and zeros, the newest `recent` tokens in the model's
-      dtype), keys per channel, values per token, `group` entries per group;
+      dtype, and with `sink` > 0 the first `sink` tokens in it too), keys per channel, values per token,
+      `group` entries per group;
 
     and for a layer accumulating H2O's attention `scores.i` [H_kv, len_i] float32 (never quantized); for a
     layer whose KV heads hold different numbers of tokens `starts.i` [H_kv] int32, each head's first live slot
@@ -314,13 +315,25 @@ def cache_tensors(
             if bits == 16:
                 out[f"{kind}.{i}"] = x
             else:
-                for part, t in quantize_entry(x, kind, bits, group, recent).items():
+                for part, t in quantize_entry(x, kind, bits, group, recent, sink).items():
                     out[f"{kind}.{i}.{part}"] = t
         out[f"positions.{i}"] = layer.positions.to(index_type).contiguous().cpu()  # a ragged layer's padding: -1
         if layer.start is not None:
             out[f"starts.{i}"] = layer.start.to(torch.int32).contiguous().cpu()  # [H_kv] first live slot per head
         if layer.scores is not None:
             out[f"scores.{i}"] = layer.scores.contiguous().cpu()
+    return out
+
+
+def _parts(tensors: dict[str, torch.Tensor], kind: str, i: int) -> dict[str, torch.Tensor]:
+    """Layer i's quantized `kind` parts (`kvquant.PARTS`, and "sink" when the file has it: format 5).
+
+    Raises:
+        KeyError: a part missing.
+    """
+    out = {p: tensors[f"{kind}.{i}.{p}"] for p in PARTS}
+    if (sink := tensors.get(f"{kind}.{i}.sink")) is not None:
+        out["sink"] = sink
     return out
 
 
@@ -333,7 +346,7 @@ def _layer_kv(tensors: dict[str, torch.Tensor], i: int, bits: int, group: int) -
     try:
         if bits == 16:
             return tensors[f"keys.{i}"], tensors[f"values.{i}"]
-        entries = [{p: tensors[f"{kind}.{i}.{p}"] for p in PARTS} for kind in ("keys", "values")]
+        entries = [_parts(tensors, kind, i) for kind in ("keys", "values")]
     except KeyError as exc:
         raise ValueError(f"tensor {exc.args[0]} is missing") from None
     try:
@@ -402,14 +415,14 @@ def cache_from_tensors(
 
 def _held_quantized(tensors: dict[str, torch.Tensor], i: int, layer, bits: int, group: int, device) -> QuantLayer:
     """Layer i as a `kvmemory.QuantLayer` made of the file's parts (already checked by `_layer_kv`), on `device`."""
-    parts = {kind: {p: tensors[f"{kind}.{i}.{p}"].to(device) for p in PARTS} for kind in ("keys", "values")}
+    parts = {kind: {p: t.to(device) for p, t in _parts(tensors, kind, i).items()} for kind in ("keys", "values")}
     out = QuantLayer.from_parts(parts, layer.positions, layer.seen, bits, group)
     out.accumulates, out.scores = layer.accumulates, layer.scores
     return out
 
 
 def requantized(
-    state: Prefilled, bits: int, group: int = DEFAULT_GROUP, recent: int = 0, *, in_memory: bool = False
+    state: Prefilled, bits: int, group: int = DEFAULT_GROUP, recent: int = 0, *, sink: int = 0, in_memory: bool = False
 ) -> Prefilled:
     """The state as a .cake file of `bits` would give it back: its cache quantized and dequantized in
     process (`cache_tensors` then `cache_from_tensors`, no file), or with `in_memory` held quantized
@@ -423,14 +436,16 @@ def requantized(
         return state
     src = state.cache
     cache = cache_from_tensors(
-        cache_tensors(src, bits, group, recent), len(src.layers), src.layers[0].seen,
+        cache_tensors(src, bits, group, recent, sink), len(src.layers), src.layers[0].seen,
         src.layers[0].keys.device, src.windows, bits=bits, group=group, in_memory=in_memory,
     )  # fmt: skip
     cache.full_bytes = src.full_bytes
     return replace(state, cache=cache, lengths=cache.lengths(), kv_bytes=cache.kv_bytes())
 
 
-def quantized_in_memory(state: Prefilled, bits: int, group: int = DEFAULT_GROUP, recent: int = 0) -> Prefilled:
+def quantized_in_memory(
+    state: Prefilled, bits: int, group: int = DEFAULT_GROUP, recent: int = 0, sink: int = 0
+) -> Prefilled:
     """`requantized` with `in_memory`: global, non-ragged layers held quantized (`engine.kvmemory`), the others
     as the file gives them back (dequantized); so it answers exactly as the .cake file of `bits` loaded."""
-    return requantized(state, bits, group, recent, in_memory=True)
+    return requantized(state, bits, group, recent, sink=sink, in_memory=True)

@@ -2,14 +2,16 @@
 Sec. 3.2-3.3 and Algorithm 1; docs/method.md §Quantized KV).
 
 A `QuantLayer` is a global layer's cache whose older slots are held as the .cake file's parts
-(`kvquant.quantize_entry`: keys per channel, values per token, grouped affine, 8 or 4 bits, 4-bit codes
-packed two to a byte, float16 scales and zeros), so loading a file is a copy. Its newest slots, the
-*residual*, stay in the model's dtype, as KIVI keeps its R most recent tokens in full precision: the
-prefix's last `recent` tokens (the observation window: what every question attends to first) and every
-token added since (the question, the answer). Slots 0 .. m-1 are quantized, m .. m+r-1 the residual; the
-positions [H_kv, m + r] cover both, and slots stay in position order.
+(`kvquant.quantize_entry`: keys per channel, values per token, grouped affine, 8, 4 or 2 bits, 4-bit and
+2-bit codes packed two and four to a byte, float16 scales and zeros), so loading a file is a copy. Its
+newest slots, the *residual*, stay in the model's dtype, as KIVI keeps its R most recent tokens in full
+precision: the prefix's last `recent` tokens (the observation window: what every question attends to
+first) and every token added since (the question, the answer). A format-5 file's first `sink` tokens (the
+attention sinks) stay in the model's dtype too. Slots 0 .. s-1 are the sink, s .. s+m-1 quantized,
+s+m .. s+m+r-1 the residual; the positions [H_kv, s + m + r] cover all three, and slots stay in position
+order.
 
-**Attention.** `update` returns the layer's whole keys and values [1, H_kv, m + r, d] in the model's dtype,
+**Attention.** `update` returns the layer's whole keys and values [1, H_kv, s + m + r, d] in the model's dtype,
 the quantized slots dequantized for this one call, a block at a time (a transient of one layer, dropped
 once it has attended; `CakeCache.track_peak` counts it). So every attention backend (eager, SDPA, the CPU
 single-query path; flash_attention_2 gets the same tensors, not run in the tests: no GPU), mask and
@@ -24,7 +26,10 @@ keeps its per-channel group's scale and zero, so each slot remembers its group (
 int32, made at the first eviction from the quantized slots; a group's scale and zero stay until no KV head
 holds one of its slots). When the KV heads of a layer drop different numbers of quantized slots, the extra
 quantized slots of the heads that kept more move to the residual as their dequantized values (exact: the
-values a dequantized cache holds), at most H_kv - 1 slots per step.
+values a dequantized cache holds), at most H_kv - 1 slots per step. Sink slots that every head keeps in
+equal numbers stay the sink; when the heads keep different numbers of them (a head evicted one), the layer's
+kept slots all move to the residual, dequantized: exact and in position order, at the memory of a
+dequantized layer (measured in `nbytes`).
 
 **Not quantized in memory** (held in the model's dtype, as a loaded file was before): local
 (sliding-window) layers, which hold at most window - 1 tokens, and layers whose KV heads hold different
@@ -50,7 +55,8 @@ class QuantLayer(CakeLayer):
     """A global layer held as quantized slots + a full-precision residual (module docstring).
 
     Attributes:
-        bits: 8 or 4. group: G, entries per quantization group. width: d, the head dimension.
+        bits: 8, 4 or 2. group: G, entries per quantization group. width: d, the head dimension.
+        sink: the first s slots [1, H_kv, s, d] keys and values in the model's dtype (format 5), or None.
         parts: {"keys": {...}, "values": {...}} each {"codes": [H_kv, m, ceil(d · bits / 8)] uint8, "scale"
             and "zero" float16 (keys [H_kv, groups, d], values [H_kv, m, ceil(d / G)])}, `kvquant`'s layout.
         group_of: [H_kv, m] int32 the key group of each quantized slot, or None (slot i is in group i // G).
@@ -62,20 +68,24 @@ class QuantLayer(CakeLayer):
         self.bits, self.group, self.width = bits, group, 0
         self.parts: dict[str, dict[str, torch.Tensor]] = {}
         self.group_of: torch.Tensor | None = None
+        self.sink: tuple[torch.Tensor, torch.Tensor] | None = None  # [1, H_kv, s, d] keys, values (format 5)
 
     @classmethod
     def from_parts(cls, parts: dict[str, dict[str, torch.Tensor]], positions, seen: int, bits: int, group: int):
         """A layer from one layer's file parts (`kvquant.quantize_entry` of keys and values, already checked).
 
         Args:
-            parts: {"keys": entry, "values": entry}, each with "codes", "scale", "zero", "recent" [H_kv, r, d].
-            positions: [H_kv, m + r] int64 true positions, increasing. seen: the next token's position.
+            parts: {"keys": entry, "values": entry}, each with "codes", "scale", "zero", "recent" [H_kv, r, d]
+                and optionally "sink" [H_kv, s, d] (format 5).
+            positions: [H_kv, s + m + r] int64 true positions, increasing. seen: the next token's position.
         """
         layer = cls(bits, group)
         residual = [parts[kind]["recent"].unsqueeze(0) for kind in KINDS]  # [1, H_kv, r, d]
         layer.lazy_initialization(*residual)
         layer.keys, layer.values = residual
         layer.parts = {kind: {p: parts[kind][p] for p in ("codes", "scale", "zero")} for kind in KINDS}
+        if "sink" in parts["keys"] and parts["keys"]["sink"].shape[1]:
+            layer.sink = tuple(parts[kind]["sink"].unsqueeze(0) for kind in KINDS)  # [1, H_kv, s, d]
         layer.width = residual[0].shape[-1]
         layer.positions, layer.seen = positions, seen
         return layer
@@ -88,12 +98,17 @@ class QuantLayer(CakeLayer):
         out.parts = {kind: {p: t.clone() for p, t in entry.items()} for kind, entry in self.parts.items()}
         out.width, out.positions, out.seen = self.width, self.positions.clone(), self.seen
         out.group_of = None if self.group_of is None else self.group_of.clone()
+        out.sink = None if self.sink is None else tuple(t.clone() for t in self.sink)
         out.accumulates, out.scores = self.accumulates, None if self.scores is None else self.scores.clone()
         return out
 
     def quantized(self) -> int:
         """m, the quantized slots per KV head."""
         return self.parts["keys"]["codes"].shape[1] if self.parts else 0
+
+    def sunk(self) -> int:
+        """s, the exact sink slots per KV head (before the quantized ones)."""
+        return 0 if self.sink is None else self.sink[0].shape[2]
 
     def dequantized_into(self, out: torch.Tensor) -> None:
         """Write the quantized slots' keys and values into `out` [2, H_kv, m, d] (model dtype; keys then values),
@@ -103,17 +118,21 @@ class QuantLayer(CakeLayer):
         dequantize_values(out[1], values, self.bits, self.group)
 
     def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every slot's keys and values [1, H_kv, m + r, d], model dtype (new tensors: quantized, then residual)."""
+        """Every slot's keys and values [1, H_kv, s + m + r, d], model dtype (new tensors: sink, quantized, then
+        residual)."""
         heads, r, d = self.keys.shape[1], self.keys.shape[2], self.width
-        m = self.quantized()
-        out = self.keys.new_empty(2, heads, m + r, d)  # [2, H_kv, m + r, d]: one allocation, no concatenation
-        self.dequantized_into(out[:, :, :m])
-        out[0, :, m:].copy_(self.keys[0])
-        out[1, :, m:].copy_(self.values[0])
+        s, m = self.sunk(), self.quantized()
+        out = self.keys.new_empty(2, heads, s + m + r, d)  # [2, H_kv, s + m + r, d]: one allocation, no concatenation
+        if self.sink is not None:
+            out[0, :, :s].copy_(self.sink[0][0])
+            out[1, :, :s].copy_(self.sink[1][0])
+        self.dequantized_into(out[:, :, s : s + m])
+        out[0, :, s + m :].copy_(self.keys[0])
+        out[1, :, s + m :].copy_(self.values[0])
         return out[0:1], out[1:2]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Append q new tokens to the residual (`CakeLayer.update`); return the whole layer [1, H_kv, m + r, d]
+        """Append q new tokens to the residual (`CakeLayer.update`); return the whole layer [1, H_kv, s + m + r, d]
         in the model's dtype, for this attention call only."""
         super().update(key_states, value_states)
         return self.whole()
@@ -127,25 +146,45 @@ class QuantLayer(CakeLayer):
     def keep(self, index: torch.Tensor) -> None:
         """Keep only the slots `index` [H_kv, k] (int64, ascending per head) of each KV head (module docstring).
 
-        The first m' = min over heads of the kept quantized slots stay quantized; each head's other kept slots
-        form the new residual, a head's extra quantized ones dequantized (exact)."""
+        Sink slots kept by every head in equal numbers stay the sink; the first m' = min over heads of the kept
+        quantized slots stay quantized; each head's other kept slots form the new residual, a head's extra
+        quantized ones dequantized (exact). When the heads keep different numbers of sink slots, every kept slot
+        joins the residual, dequantized (exact, slots in position order, at the memory of a dequantized layer)."""
         index = index.to(self.keys.device)
+        s = self.sunk()
+        sunk = (index < s).sum(dim=1)  # [H_kv] kept sink slots per head
+        kept_sink = int(sunk.min()) if index.shape[1] else 0
+        if s and not bool((sunk == kept_sink).all()):
+            keys, values = self.whole()  # [1, H_kv, s + m + r, d]
+            expanded = index.unsqueeze(0).unsqueeze(-1).expand(1, *index.shape, self.width)
+            self.keys, self.values = keys.gather(2, expanded), values.gather(2, expanded)
+            self.parts = {kind: {p: t[:, :0] for p, t in entry.items()} for kind, entry in self.parts.items()}
+            self.sink, self.group_of = None, None
+        else:
+            if s:
+                head = index[:, :kept_sink].unsqueeze(0).unsqueeze(-1).expand(1, -1, -1, self.width)  # [1, H_kv, s', d]
+                self.sink = tuple(t.gather(2, head) for t in self.sink) if kept_sink else None
+            self._keep_after_sink(index[:, kept_sink:] - s, kept_sink)
+        self.positions = self.positions.gather(1, index)  # [H_kv, k]
+        if self.scores is not None:
+            self.scores = self.scores.gather(1, index)
+
+    def _keep_after_sink(self, index: torch.Tensor, sink: int) -> None:
+        """Keep the quantized and residual slots `index` [H_kv, k'] (ascending, counted after the sink), the sink's
+        `sink` slots kept already; positions and scores are the caller's."""
         m = self.quantized()
         counts = (index < m).sum(dim=1)  # [H_kv] kept quantized slots per head (they come first: ascending)
         kept = int(counts.min()) if index.shape[1] else 0
-        rest = index[:, kept:]  # [H_kv, k - m'] slots that form the new residual
+        rest = index[:, kept:]  # [H_kv, k' - m'] slots that form the new residual
         if bool((counts == kept).all()):
             expanded = (rest - m).unsqueeze(0).unsqueeze(-1).expand(1, *rest.shape, self.width)
             self.keys, self.values = self.keys.gather(2, expanded), self.values.gather(2, expanded)
         else:
-            expanded = rest.unsqueeze(0).unsqueeze(-1).expand(1, *rest.shape, self.width)
-            keys, values = self.whole()  # [1, H_kv, m + r, d]
+            keys, values = self.whole()  # [1, H_kv, s + m + r, d], s = `sink` (already cut)
+            expanded = (rest + sink).unsqueeze(0).unsqueeze(-1).expand(1, *rest.shape, self.width)
             self.keys, self.values = keys.gather(2, expanded), values.gather(2, expanded)
         if kept < m:
             self._keep_quantized(index[:, :kept])
-        self.positions = self.positions.gather(1, index)  # [H_kv, k]
-        if self.scores is not None:
-            self.scores = self.scores.gather(1, index)
 
     def _keep_quantized(self, index: torch.Tensor) -> None:
         """Keep the quantized slots `index` [H_kv, m'] (ascending): codes and value scales/zeros gathered by
@@ -169,11 +208,12 @@ class QuantLayer(CakeLayer):
                 self.parts[kind][name] = t.gather(1, index.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
 
     def live(self) -> int:
-        """Tokens held per KV head: quantized + residual."""
-        return self.quantized() + (self.keys.shape[-2] if self.keys is not None else 0)
+        """Tokens held per KV head: sink + quantized + residual."""
+        return self.sunk() + self.quantized() + (self.keys.shape[-2] if self.keys is not None else 0)
 
     def nbytes(self) -> int:
         """Bytes held by the quantized parts (codes, scales, zeros, `group_of`) and the residual, measured."""
         held = [t for entry in self.parts.values() for t in entry.values()] + [self.keys, self.values]
         held += [] if self.group_of is None else [self.group_of]
+        held += [] if self.sink is None else list(self.sink)
         return sum(t.numel() * t.element_size() for t in held)

@@ -4,11 +4,21 @@ arXiv 2402.02750; docs/method.md §Quantized KV).
 KIVI's layout: **keys per channel** (a group is G consecutive tokens of one channel of one KV head:
 key outliers sit in fixed channels, so a channel's range is narrow across tokens) and **values per
 token** (a group is G consecutive channels of one token of one KV head). Each group stores a float16
-scale s and zero z; a value x becomes the code c = round((x - z) / s) in 0 .. 2^b - 1 (b = 8 or 4 bits;
-two 4-bit codes share a byte along the channels) and comes back as c · s + z. A group's last tokens
-or channels may be fewer than G (B_l + w need not be a multiple of G): the partial group is its own
-group. The newest r tokens of every layer (r = the observation window w: the tokens every question
-attends to first) stay in the model's dtype, as KIVI keeps its recent tokens in full precision.
+scale s and zero z; a value x becomes the code c = round((x - z) / s) in 0 .. 2^b - 1 (b = 8, 4 or 2
+bits; two 4-bit or four 2-bit codes share a byte along the channels) and comes back as c · s + z. A
+group's last tokens or channels may be fewer than G (B_l + w need not be a multiple of G): the partial
+group is its own group. The newest r tokens of every layer (r = the observation window w: the tokens
+every question attends to first) stay in the model's dtype, as KIVI keeps its recent tokens in full
+precision; from format 5 the first s tokens too (the attention sinks, `DEFAULT_KV_SINK` = 4: most queries
+put much of their attention there, so their error weighs on every output; on the default model's real
+cache `benchmarks/kv_quant_error.py` measured the window's attention error 12-19% lower with them exact,
+at 8, 4 and 2 bits, for 0.001x the 16-bit file at 4K tokens).
+
+What else that diagnostic found (benchmarks/cache.md "Quantization at 2 and 4 bits"): keys quantized per
+token instead of per channel give 3-6x the attention error (Qwen's key bias puts a constant offset in some
+channels, up to 140x a channel's spread), at 4 bits groups of 64 or 128 save 7-10% of the file for 19-26% more
+error, bfloat16 or float32 scales change nothing, and at 2 bits the values' error (43% of their norm)
+dominates.
 
 Error bound: z is rounded down and s up to float16 so that z <= min and z + (2^b - 1) · s >= max
 over the group; then every x of the group is within s / 2 of its dequantized value (plus float32
@@ -36,8 +46,8 @@ from cake_cli.engine.config import DEFAULT_KV_GROUP, KV_BITS
 
 DEFAULT_GROUP = DEFAULT_KV_GROUP  # entries per group (KIVI's size; the file records the one used)
 BLOCK = 1024  # tokens dequantized at a time (`dequantize_keys`): float32 temporaries of ~1 MiB at 2 KV heads, d = 64
+CODE_BITS = (8, 4, 2)  # bits of a quantized code (16: not quantized)
 PARTS = ("codes", "scale", "zero", "recent")  # tensors of one quantized keys / values entry, `<name>.<part>`
-_F16_MAX = float(torch.finfo(torch.float16).max)
 
 
 class DamagedTensorError(ValueError):
@@ -58,21 +68,26 @@ def _up(x: torch.Tensor) -> torch.Tensor:
     return torch.nextafter(x, torch.full_like(x, float("inf")))
 
 
-def group_params(lo: torch.Tensor, hi: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """float16 (scale, zero) of groups with minimum `lo` and maximum `hi` (float32, same shape), rounded so
-    that zero <= lo, zero + (2^bits - 1) · scale >= hi and scale > 0 (the error bound of the module docstring).
+def group_params(
+    lo: torch.Tensor, hi: torch.Tensor, bits: int, dtype: torch.dtype = torch.float16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, zero) in `dtype` (float16 in files; bfloat16 / float32 for `benchmarks/kv_quant_error.py`) of
+    groups with minimum `lo` and maximum `hi` (float32, same shape), rounded so that zero <= lo,
+    zero + (2^bits - 1) · scale >= hi and scale > 0 (the error bound of the module docstring).
 
     Raises:
-        ValueError: a value beyond float16's range (the scale and zero could not hold it).
+        ValueError: a value beyond half of `dtype`'s range (the scale and zero could not hold it).
     """
-    if lo.numel() and max(float(lo.abs().max()), float(hi.abs().max())) > _F16_MAX / 2:
-        raise ValueError("keys or values beyond half of float16's range cannot be quantized")
+    top = float(torch.finfo(dtype).max) / 2
+    if lo.numel() and max(float(lo.abs().max()), float(hi.abs().max())) > top:
+        name = str(dtype).replace("torch.", "")
+        raise ValueError(f"keys or values beyond half of {name}'s range cannot be quantized")
     levels = float(2**bits - 1)
-    zero = lo.to(torch.float16)
+    zero = lo.to(dtype)
     zero = torch.where(zero.float() > lo, _down(zero), zero)  # zero <= lo
-    scale = ((hi - zero.float()) / levels).to(torch.float16)
+    scale = ((hi - zero.float()) / levels).to(dtype)
     scale = torch.where(scale.float() * levels + zero.float() < hi, _up(scale), scale)  # top level >= hi
-    tiny = torch.tensor(torch.finfo(torch.float16).smallest_normal, dtype=torch.float16)
+    tiny = torch.tensor(torch.finfo(dtype).smallest_normal, dtype=dtype)
     return torch.maximum(scale, tiny), zero
 
 
@@ -95,22 +110,25 @@ def _grouped(x: torch.Tensor, dim: int, group: int) -> torch.Tensor:
     return x.reshape(shape)
 
 
-def quantize(x: torch.Tensor, bits: int, dim: int, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize(
+    x: torch.Tensor, bits: int, dim: int, group: int, scale_dtype: torch.dtype = torch.float16
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Grouped affine quantization along `dim` (module docstring).
 
     Args:
         x: [H_kv, m, d] keys (dim = -2: per channel) or values (dim = -1: per token), any float dtype, m >= 0.
-        bits: 8 or 4. group: G >= 1 entries per group along `dim`.
+        bits: 8, 4 or 2. group: G >= 1 entries per group along `dim`.
+        scale_dtype: of the scales and zeros (files: float16; others for the error diagnostic).
 
     Returns:
-        (codes [H_kv, m, d] uint8 in 0 .. 2^bits - 1, unpacked; scale and zero float16, `x`'s shape with
-        `dim` replaced by ceil(x.shape[dim] / G)).
+        (codes [H_kv, m, d] uint8 in 0 .. 2^bits - 1, unpacked; scale and zero in `scale_dtype`, `x`'s shape
+        with `dim` replaced by ceil(x.shape[dim] / G)).
 
     Raises:
-        ValueError: bits not 8 or 4, group < 1, non-finite values, values beyond float16's range.
+        ValueError: bits not 8, 4 or 2, group < 1, non-finite values, values beyond `scale_dtype`'s range.
     """
-    if bits not in (8, 4) or group < 1:
-        raise ValueError(f"quantize takes 8 or 4 bits and a group >= 1 (got {bits} bits, group {group})")
+    if bits not in CODE_BITS or group < 1:
+        raise ValueError(f"quantize takes 8, 4 or 2 bits and a group >= 1 (got {bits} bits, group {group})")
     x = x.float()
     if not bool(torch.isfinite(x).all()):
         raise ValueError("cannot quantize non-finite keys or values")
@@ -118,9 +136,10 @@ def quantize(x: torch.Tensor, bits: int, dim: int, group: int) -> tuple[torch.Te
     if x.numel() == 0:
         shape = list(x.shape)
         shape[dim] = -(-shape[dim] // group)
-        return x.to(torch.uint8), *(x.new_zeros(shape, dtype=torch.float16) for _ in range(2))
+        return x.to(torch.uint8), *(x.new_zeros(shape, dtype=scale_dtype) for _ in range(2))
     grouped = _grouped(x, dim, group)  # [..., groups, G, ...]
-    scale, zero = group_params(grouped.amin(dim=dim + 1), grouped.amax(dim=dim + 1), bits)  # [..., groups, ...]
+    lo, hi = grouped.amin(dim=dim + 1), grouped.amax(dim=dim + 1)  # [..., groups, ...]
+    scale, zero = group_params(lo, hi, bits, scale_dtype)
     codes = (grouped - zero.float().unsqueeze(dim + 1)) / scale.float().unsqueeze(dim + 1)
     codes = codes.round_().clamp_(0, 2**bits - 1).to(torch.uint8)
     codes = codes.flatten(dim, dim + 1).narrow(dim, 0, x.shape[dim])  # [H_kv, m, d]
@@ -146,62 +165,88 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dim
 
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """[.., d] uint8 codes -> [.., d] (8 bits) or [.., ceil(d / 2)] (4 bits: entry 2i in the low nibble,
-    2i + 1 in the high one; an odd d is padded with a 0 code)."""
+    """[.., d] uint8 codes -> [.., ceil(d · bits / 8)] bytes: 8 bits as they are; 4 bits two a byte (entry 2i in
+    the low nibble, 2i + 1 in the high one); 2 bits four a byte (entry 4i + j in bits 2j .. 2j + 1). A d that
+    does not fill the last byte is padded with 0 codes."""
     if bits == 8:
         return codes
-    if codes.shape[-1] % 2:
-        codes = torch.cat([codes, codes.new_zeros(*codes.shape[:-1], 1)], dim=-1)
-    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous()
+    per = 8 // bits  # codes per byte
+    if codes.shape[-1] % per:
+        codes = torch.cat([codes, codes.new_zeros(*codes.shape[:-1], per - codes.shape[-1] % per)], dim=-1)
+    out = codes[..., 0::per].clone()
+    for j in range(1, per):
+        out |= codes[..., j::per] << (bits * j)
+    return out.contiguous()
 
 
 def unpack(packed: torch.Tensor, bits: int, width: int) -> torch.Tensor:
     """Inverse of `pack`: [.., width] uint8 codes."""
     if bits == 8:
         return packed
-    out = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(-2)  # [.., 2 · ceil(width / 2)]
-    return out[..., :width]
+    mask = 2**bits - 1
+    out = torch.stack([(packed >> (bits * j)) & mask for j in range(8 // bits)], dim=-1).flatten(-2)
+    return out[..., :width]  # [.., (8 / bits) · ceil(width · bits / 8)] cut to width
 
 
-def quantize_entry(x: torch.Tensor, kind: str, bits: int, group: int, recent: int) -> dict[str, torch.Tensor]:
-    """One layer's keys or values as file tensors: the parts `PARTS` (module docstring).
+def quantize_entry(
+    x: torch.Tensor, kind: str, bits: int, group: int, recent: int, sink: int = 0
+) -> dict[str, torch.Tensor]:
+    """One layer's keys or values as file tensors: the parts `PARTS` (module docstring), and with `sink` > 0 the
+    part "sink" too (format 5).
 
     Args:
         x: [H_kv, len, d] keys (`kind` "keys": per channel) or values ("values": per token), model dtype.
+        bits: 8, 4 or 2. group: G entries per group.
         recent: r, the newest tokens kept in the model's dtype (min(r, len)).
+        sink: s, the first tokens kept in the model's dtype (min(s, len - r)): the attention sinks, which most
+            queries attend to and whose keys would widen the first key group.
 
     Returns:
-        {"codes": [H_kv, len - r, ceil(d · bits / 8)] uint8, "scale" and "zero" float16 (keys:
-        [H_kv, ceil((len - r) / G), d], values: [H_kv, len - r, ceil(d / G)]), "recent": [H_kv, r, d]}.
+        {"codes": [H_kv, m, ceil(d · bits / 8)] uint8 (m = len - s - r), "scale" and "zero" float16 (keys:
+        [H_kv, ceil(m / G), d], values: [H_kv, m, ceil(d / G)]), "recent": [H_kv, r, d], and with sink > 0
+        "sink": [H_kv, s, d]}.
+
+    Raises:
+        ValueError: as `quantize`.
     """
     r = min(recent, x.shape[1])
-    old, new = x[:, : x.shape[1] - r], x[:, x.shape[1] - r :]
+    s = min(sink, x.shape[1] - r)
+    old, new = x[:, s : x.shape[1] - r], x[:, x.shape[1] - r :]
     codes, scale, zero = quantize(old, bits, -2 if kind == "keys" else -1, group)
-    return {"codes": pack(codes, bits), "scale": scale, "zero": zero, "recent": new.contiguous()}
+    out = {"codes": pack(codes, bits), "scale": scale, "zero": zero, "recent": new.contiguous()}
+    if sink > 0:
+        out["sink"] = x[:, :s].contiguous()
+    return out
 
 
 def dequantize_entry(parts: dict[str, torch.Tensor], kind: str, bits: int, group: int, width: int) -> torch.Tensor:
-    """Inverse of `quantize_entry`: [H_kv, len, d] in the dtype of the `recent` part.
+    """Inverse of `quantize_entry`: [H_kv, len, d] in the dtype of the `recent` part (the "sink" part, when present,
+    first; then the quantized tokens; then the recent ones).
 
     Raises:
         ValueError: a part missing or of the wrong dtype or shape, non-finite or non-positive scales,
             non-finite zeros (a damaged file), naming the part.
     """
     codes, scale, zero, recent = (parts[p] for p in PARTS)
+    sink = parts.get("sink")
     heads, m = codes.shape[0], codes.shape[1] if codes.dim() == 3 else -1
     groups = (heads, -(-m // group), width) if kind == "keys" else (heads, m, -(-width // group))
     if codes.dtype != torch.uint8 or codes.shape[-1] != -(-width * bits // 8) or m < 0:
         raise ValueError(f"{kind} codes of shape {tuple(codes.shape)} and dtype {codes.dtype} do not fit")
-    if recent.dim() != 3 or recent.shape[0] != heads or recent.shape[2] != width:
-        raise ValueError(f"{kind} recent tokens of shape {tuple(recent.shape)} do not fit")
+    for name, t in (("recent", recent), ("sink", sink)):
+        if t is not None and (t.dim() != 3 or t.shape[0] != heads or t.shape[2] != width or t.dtype != recent.dtype):
+            raise ValueError(f"{kind} {name} tokens of shape {tuple(t.shape)} do not fit")
     for name, t in (("scale", scale), ("zero", zero)):
         if t.dtype != torch.float16 or tuple(t.shape) != groups:
             raise ValueError(f"{kind} {name}s of shape {tuple(t.shape)} ({t.dtype}) do not fit {groups}")
     if not bool(torch.isfinite(scale).all() and (scale > 0).all() and torch.isfinite(zero).all()):
         raise DamagedTensorError(f"{kind}: quantization scales or zeros are damaged (non-finite or not positive)")
-    out = recent.new_empty(heads, m + recent.shape[1], width)  # [H_kv, len, d]
-    (dequantize_keys if kind == "keys" else dequantize_values)(out[:, :m], parts, bits, group)  # = `dequantize`
-    out[:, m:].copy_(recent)
+    s = 0 if sink is None else sink.shape[1]
+    out = recent.new_empty(heads, s + m + recent.shape[1], width)  # [H_kv, len, d]
+    if sink is not None:
+        out[:, :s].copy_(sink)
+    (dequantize_keys if kind == "keys" else dequantize_values)(out[:, s : s + m], parts, bits, group)  # `dequantize`
+    out[:, s + m :].copy_(recent)
     return out
 
 
@@ -211,13 +256,14 @@ def quantized_bytes(parts: dict[str, torch.Tensor]) -> int:
 
 
 def codes_float(packed: torch.Tensor, bits: int, width: int) -> torch.Tensor:
-    """`kvquant.unpack` as float32: [.., ceil(width · bits / 8)] uint8 -> [.., width] float32 codes (4 bits: the
-    low and high nibbles written straight into the even and odd channels, no uint8 intermediate)."""
+    """`kvquant.unpack` as float32: [.., ceil(width · bits / 8)] uint8 -> [.., width] float32 codes (the codes of
+    each position in a byte written straight into their channels, no uint8 intermediate)."""
     if bits == 8:
         return packed.float()
-    out = torch.empty(*packed.shape[:-1], 2 * packed.shape[-1], dtype=torch.float32, device=packed.device)
-    out[..., 0::2].copy_(packed & 0x0F)
-    out[..., 1::2].copy_(packed >> 4)
+    per, mask = 8 // bits, 2**bits - 1
+    out = torch.empty(*packed.shape[:-1], per * packed.shape[-1], dtype=torch.float32, device=packed.device)
+    for j in range(per):
+        out[..., j::per].copy_((packed >> (bits * j)) & mask if j + 1 < per else packed >> (bits * j))
     return out[..., :width]
 
 

@@ -26,7 +26,7 @@ def ranked(doc, cli_env):
 def test_a_global_file_keeps_unequal_heads_and_reports_them(ranked, doc, cli_env):
     path, report = ranked
     meta = cachefile.read_saved(path).meta
-    assert meta.format_version == cachefile.FORMAT_VERSION == 4 and meta.allocation == "global"
+    assert meta.format_version == cachefile.FORMAT_VERSION == 5 and meta.allocation == "global"
     heads = [layer.heads for layer in meta.layers]
     assert any(h is not None for h in heads), "some layer's KV heads keep different numbers of tokens"
     assert [layer["heads"] for layer in report["layers"]] == heads

@@ -13,6 +13,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from cake_cli.tasks.saved import fileformat as cachefile
+from cake_cli.tasks.saved import store
 from cake_cli.tasks.saved.fileformat import FORMAT_VERSION
 from tests.helpers.cli import TINY, invoke, one_error_line
 from tests.helpers.cli import compressed as compress_tiny
@@ -129,3 +130,41 @@ def test_a_newer_format_is_refused(four, cli_env):
     rewritten(path, cli_env / "v4.cake", format_version=FORMAT_VERSION + 1, cake_cli_version="9.0")
     line = one_error_line(invoke("qa", cli_env / "v4.cake", "Who?"), 1, f"format version {FORMAT_VERSION + 1}")
     assert "newer than this cake-cli reads" in line and "upgrade cake-cli" in line and "cake compress" in line
+
+
+def test_2bit_file_end_to_end(four, doc, cli_env):
+    """`cake compress --kv-bits 2` (format 5: four codes a byte, the first tokens exact) on the default scoring (the
+    prefix kept whole): a smaller file than 4 bits that answers as the same cache held at 2 bits in process."""
+    path, report = compress_tiny(doc, cli_env / "two.cake", "--kv-bits", "2")
+    meta = cachefile.read_saved(path).meta
+    assert (meta.format_version, meta.kv_bits, meta.kv_group, meta.kv_sink) == (5, 2, 32, 4) and meta.whole
+    assert report["kv_bits"] == 2 and report["kv_bytes_file"] < report["kv_bytes_kept"] * 0.5
+    tensors = load_tensors(path.read_bytes())
+    assert tensors["keys.0.sink"].shape[1] == 4 and tensors["keys.0.codes"].shape[-1] == -(
+        -tensors["keys.0.sink"].shape[-1] // 4
+    )
+    four_whole, _ = compress_tiny(doc, cli_env / "four-whole.cake", "--kv-bits", "4")
+    assert path.stat().st_size < four_whole.stat().st_size
+    chat = invoke("chat", doc, *TINY, "-b", "64", "--dtype", "fp32", "--kv-bits", "2", "-n", "8", "--json",
+                  input=QUESTIONS[0] + "\n")  # fmt: skip
+    assert chat.exit_code == 0, chat.stderr
+    turn = json.loads(chat.stdout.splitlines()[0])
+    qa = invoke("qa", path, QUESTIONS[0], "-n", "8", "--json")
+    assert qa.exit_code == 0, qa.stderr
+    assert json.loads(qa.stdout)["answer"] == turn["answer"]
+
+
+def test_version_4_quantized_files_still_load(doc, cli_env, monkeypatch):
+    """A 4-bit file as cake-cli wrote it before format 5 (no `kv_sink`, no `.sink` parts) loads and answers as the
+    same file read as version 5; a 2-bit file claiming version 4 is refused (2 bits came with version 5)."""
+    monkeypatch.setattr(store, "DEFAULT_KV_SINK", 0)  # the layout of format 4
+    path, _ = compressed(doc, cli_env / "v5.cake", "--kv-bits", "4")
+    assert not any(name.endswith(".sink") for name in load_tensors(path.read_bytes()))
+    rewritten(path, cli_env / "v4.cake", format_version=4, drop=("kv_sink",))
+    assert cachefile.read_saved(cli_env / "v4.cake").meta.kv_sink == 0
+    answers = [
+        json.loads(invoke("qa", p, QUESTIONS[0], "-n", "6", "--json").stdout) for p in (path, cli_env / "v4.cake")
+    ]
+    assert answers[0]["answer"] == answers[1]["answer"]
+    rewritten(path, cli_env / "two-v4.cake", format_version=4, kv_bits=2)
+    one_error_line(invoke("qa", cli_env / "two-v4.cake", "Who?"), 1, "quantization settings")

@@ -55,18 +55,19 @@ def answer(model, state, prefix, suffix, config, steps=8):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3_text"])
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize(("bits", "sink"), [(8, 0), (4, 0), (4, 3), (2, 3)])
 @pytest.mark.parametrize("policy", ["fixed", "grow"])
-def test_decode_equals_the_dequantized_reference(models, arch, bits, policy):
+def test_decode_equals_the_dequantized_reference(models, arch, bits, sink, policy):
     model = models[arch]
     use_cake_attention(model, "sdpa")
     prefix, suffix = ids(1, 80), ids(2, 5)
     config = CakeConfig(budget=30, window=WINDOW, decode_policy=policy)
     state = prefill(model, prefix, config)
-    held = quantized_in_memory(state, bits, GROUP, recent=WINDOW)
-    reference = requantized(state, bits, GROUP, recent=WINDOW)
+    held = quantized_in_memory(state, bits, GROUP, recent=WINDOW, sink=sink)
+    reference = requantized(state, bits, GROUP, recent=WINDOW, sink=sink)
     kinds = [type(layer) for layer in held.cache.layers]
     assert QuantLayer in kinds and (arch != "gemma3_text" or len(set(kinds)) == 2), "local layers stay unquantized"
+    assert all(layer.sunk() == sink for layer in held.cache.layers if isinstance(layer, QuantLayer))
     for a, b in zip(held.cache.layers, reference.cache.layers):  # the same keys and values, bit for bit
         whole = a.whole() if isinstance(a, QuantLayer) else (a.keys, a.values)
         assert torch.equal(whole[0], b.keys) and torch.equal(whole[1], b.values)
@@ -78,13 +79,14 @@ def test_decode_equals_the_dequantized_reference(models, arch, bits, policy):
     assert held.cache.lengths() == reference.cache.lengths()
 
 
-def test_h2o_accumulation_decodes_as_the_reference(models):
+@pytest.mark.parametrize(("bits", "sink"), [(4, 0), (2, 3)])
+def test_h2o_accumulation_decodes_as_the_reference(models, bits, sink):
     model = models["llama"]
     use_cake_attention(model, "eager")
     prefix, suffix = ids(3, 70), ids(4, 4)
     config = CakeConfig(budget=30, window=WINDOW, indicator="h2o")
     state = prefill(model, prefix, config)
-    held, reference = (f(state, 4, GROUP, recent=WINDOW) for f in (quantized_in_memory, requantized))
+    held, reference = (f(state, bits, GROUP, recent=WINDOW, sink=sink) for f in (quantized_in_memory, requantized))
     got, got_logits = answer(model, held, prefix, suffix, config)
     want, want_logits = answer(model, reference, prefix, suffix, config)
     assert got.token_ids == want.token_ids
@@ -123,18 +125,19 @@ def expected_bytes(layer, bits: int) -> int:
     codes = 2 * heads * m * -(-d * bits // 8)
     key_groups = 2 * heads * -(-m // GROUP) * d * 2
     value_groups = 2 * heads * m * -(-d // GROUP) * 2
-    return codes + key_groups + value_groups + 2 * heads * r * d * size
+    return codes + key_groups + value_groups + 2 * heads * (r + layer.sunk()) * d * size
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_memory_bytes_are_the_held_tensors_and_below_the_full_precision_size(models, bits):
+@pytest.mark.parametrize(("bits", "sink"), [(8, 0), (4, 0), (2, 3)])
+def test_memory_bytes_are_the_held_tensors_and_below_the_full_precision_size(models, bits, sink):
     model = models["llama"]
     use_cake_attention(model, "sdpa")
     state = prefill(model, ids(7, 80), CakeConfig(budget=30, window=WINDOW))
-    held = quantized_in_memory(state, bits, GROUP, recent=WINDOW)
+    held = quantized_in_memory(state, bits, GROUP, recent=WINDOW, sink=sink)
     assert held.kv_bytes == held.cache.kv_bytes() == sum(expected_bytes(x, bits) for x in held.cache.layers)
-    assert held.kv_bytes < state.kv_bytes == requantized(state, bits, GROUP, recent=WINDOW).kv_bytes
-    cont, plain = (extend(model, x, ids(8, 5)) for x in (held, requantized(state, bits, GROUP, recent=WINDOW)))
+    reference = requantized(state, bits, GROUP, recent=WINDOW, sink=sink)
+    assert held.kv_bytes < state.kv_bytes == reference.kv_bytes
+    cont, plain = (extend(model, x, ids(8, 5)) for x in (held, reference))
     assert cont.kv_bytes == sum(expected_bytes(x, bits) for x in cont.cache.layers) < plain.kv_bytes
 
 
@@ -142,37 +145,92 @@ def reference_dequantized(parts, kind, bits, group, dim) -> torch.Tensor:
     """The slow, obviously correct path: unpack, `kvquant.dequantize` (scales repeated), dtype, recent tokens."""
     axis = -2 if kind == "keys" else -1
     old = kvquant.dequantize(kvquant.unpack(parts["codes"], bits, dim), parts["scale"], parts["zero"], axis, group)
-    return torch.cat([old.to(parts["recent"].dtype), parts["recent"]], dim=1)
+    sink = parts.get("sink", parts["recent"][:, :0])
+    return torch.cat([sink, old.to(parts["recent"].dtype), parts["recent"]], dim=1)
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize(("bits", "sink"), [(8, 0), (4, 0), (2, 0), (4, 4), (2, 4)])
 @pytest.mark.parametrize(("group", "dim", "length"), [(32, 64, 2600), (7, 12, 1500), (8, 5, 40)])
-def test_blockwise_dequantization_is_bit_for_bit_the_files(bits, group, dim, length):
+def test_blockwise_dequantization_is_bit_for_bit_the_files(bits, sink, group, dim, length):
     gen = torch.Generator().manual_seed(group + dim)
     k, v = (torch.randn(3, length, dim, generator=gen).to(torch.bfloat16) * 3 for _ in range(2))
-    parts = {kind: kvquant.quantize_entry(x, kind, bits, group, 5) for kind, x in (("keys", k), ("values", v))}
+    kv = (("keys", k), ("values", v))
+    parts = {kind: kvquant.quantize_entry(x, kind, bits, group, 5, sink) for kind, x in kv}
     positions = torch.arange(length).expand(3, length)
     layer = QuantLayer.from_parts({kind: dict(p) for kind, p in parts.items()}, positions, length, bits, group)
     want = [reference_dequantized(parts[kind], kind, bits, group, dim) for kind in ("keys", "values")]
     assert all(torch.equal(kvquant.dequantize_entry(parts[k], k, bits, group, dim), w) for k, w in zip(KINDS, want))
     got = layer.whole()
     assert all(torch.equal(a[0], b) for a, b in zip(got, want))
-    keep = torch.stack([torch.randperm(length, generator=gen)[: length // 2].sort().values for _ in range(3)])
+    half = length // 2 - sink  # every head keeps the sink slots and as many of the others, chosen at random
+    rest = torch.stack([(torch.randperm(length - sink, generator=gen)[:half] + sink).sort().values for _ in range(3)])
+    keep = torch.cat([torch.arange(sink).expand(3, -1), rest], dim=1)
     keep[:, -1] = length - 1  # every head keeps the newest (residual) slot
     layer.keep(keep)
     index = keep.unsqueeze(-1).expand(-1, -1, dim)
     got = layer.whole()
     assert all(torch.equal(a[0], b.gather(1, index)) for a, b in zip(got, want))
-    assert layer.group_of is not None or layer.quantized() == 0
-    survivors = keep[:, : keep.shape[1] // 3]  # groups emptied in every head lose their scales and zeros
+    assert layer.sunk() == sink and (layer.group_of is not None or layer.quantized() == 0)
+    n = half // 3
+    survivors = keep[:, sink : sink + n]  # groups emptied in every head lose their scales and zeros
     before = layer.parts["keys"]["scale"].shape[1]
-    layer.keep(torch.cat([torch.arange(survivors.shape[1]).expand(3, -1), torch.full((3, 1), keep.shape[1] - 1)], 1))
+    layer.keep(torch.cat([torch.arange(sink + n).expand(3, -1), torch.full((3, 1), keep.shape[1] - 1)], 1))
     got = layer.whole()
-    kept = survivors.unsqueeze(-1).expand(-1, -1, dim)
+    kept = keep[:, : sink + n].unsqueeze(-1).expand(-1, -1, dim)
     assert all(torch.equal(a[0][:, :-1], b.gather(1, kept)) for a, b in zip(got, want))
     assert int(survivors.max()) < length - 5, "every survivor is a quantized slot"
-    groups = len(set(survivors.div(group, rounding_mode="floor").flatten().tolist()))  # distinct original groups
+    groups = len(set((survivors - sink).div(group, rounding_mode="floor").flatten().tolist()))  # original groups
     assert layer.parts["keys"]["scale"].shape[1] == groups <= before
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+def test_heads_keeping_different_sink_slots_hold_the_exact_dequantized_slots(bits):
+    gen = torch.Generator().manual_seed(bits)
+    length, dim, group, sink = 60, 8, 8, 4
+    k, v = (torch.randn(2, length, dim, generator=gen).to(torch.bfloat16) for _ in range(2))
+    parts = {kind: kvquant.quantize_entry(x, kind, bits, group, 5, sink) for kind, x in (("keys", k), ("values", v))}
+    layer = QuantLayer.from_parts(parts, torch.arange(length).expand(2, length), length, bits, group)
+    want = layer.whole()
+    keep = torch.tensor([[0, 1, 2, 10, 20, 59], [0, 3, 9, 10, 30, 59]])  # 3 and 2 sink slots kept
+    layer.keep(keep)
+    index = keep.unsqueeze(-1).expand(-1, -1, dim)
+    got = layer.whole()
+    assert all(torch.equal(a[0], b[0].gather(1, index)) for a, b in zip(got, want))
+    assert layer.sunk() == layer.quantized() == 0 and layer.live() == 6
+    assert torch.equal(layer.positions, keep)
+    layer.update(torch.ones(1, 2, 1, dim, dtype=torch.bfloat16), torch.ones(1, 2, 1, dim, dtype=torch.bfloat16))
+    assert layer.live() == 7 and int(layer.positions[0, -1]) == length
+
+
+@pytest.mark.parametrize(("bits", "sink"), [(4, 0), (2, 4)])
+def test_attention_over_the_held_cache_equals_a_float64_reference(bits, sink):
+    """Attention over a `QuantLayer` (what the model's attention gets from `update`) equals softmax(q K^T / sqrt(d)) V
+    in float64 over the plain dequantization (`kvquant.dequantize`, scales repeated) of the same parts, plus the
+    new tokens."""
+    gen = torch.Generator().manual_seed(sink + bits)
+    length, dim, group, heads, q_heads = 200, 16, 32, 2, 6
+    k, v = (torch.randn(heads, length, dim, generator=gen) * 2 + 1 for _ in range(2))
+    k[:, :, 3] *= 15  # an outlier key channel
+    parts = {kind: kvquant.quantize_entry(x, kind, bits, group, 6, sink) for kind, x in (("keys", k), ("values", v))}
+    layer = QuantLayer.from_parts(parts, torch.arange(length).expand(heads, length), length, bits, group)
+    new_k, new_v = (torch.randn(1, heads, 3, dim, generator=gen) for _ in range(2))
+    keys, values = layer.update(new_k, new_v)  # [1, H_kv, length + 3, d] float32
+    q = torch.randn(1, q_heads, 3, dim, generator=gen)
+    mask = torch.ones(3, length + 3, dtype=torch.bool).tril(length)  # the 3 new tokens see the prefix and earlier ones
+    rep = q_heads // heads
+    got = torch.nn.functional.scaled_dot_product_attention(
+        q, keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1), attn_mask=mask
+    )
+    ref_k, ref_v = (
+        torch.cat([reference_dequantized(parts[kind], kind, bits, group, dim), new[0]], dim=1).double()
+        for kind, new in (("keys", new_k), ("values", new_v))
+    )  # [H_kv, length + 3, d]
+    scores = q[0].double() @ ref_k.repeat_interleave(rep, 0).transpose(1, 2) / dim**0.5  # [H, 3, length + 3]
+    want = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ ref_v.repeat_interleave(rep, 0)
+    torch.testing.assert_close(got[0].double(), want, rtol=1e-5, atol=1e-5)
+    plain = (torch.cat([k, new_k[0]], 1), torch.cat([v, new_v[0]], 1))  # unquantized: the error is real
+    exact = (q[0] @ plain[0].repeat_interleave(rep, 0).transpose(1, 2) / dim**0.5).masked_fill(~mask, float("-inf"))
+    assert float((exact.softmax(-1) @ plain[1].repeat_interleave(rep, 0) - got[0]).abs().max()) > 1e-4
 
 
 def test_a_cache_held_quantized_saves_as_the_dequantized_one(models):

@@ -39,7 +39,7 @@ def random_kv(heads: int, length: int, dim: int, seed: int, spread: float = 1.0,
     length=st.integers(1, 70),
     dim=st.integers(1, 20),
     group=st.sampled_from([1, 3, 8, 32]),
-    bits=st.sampled_from([8, 4]),
+    bits=st.sampled_from([8, 4, 2]),
     kind=st.sampled_from(["keys", "values"]),
     spread=st.sampled_from([1e-4, 1e-2, 1.0, 300.0]),
     offset=st.sampled_from([0.0, -250.0]),  # a narrow group far from 0: float16 zeros must round down
@@ -67,15 +67,20 @@ def test_constant_groups_and_the_bound_is_tight():
     assert float(scale) >= 1 / 15 and 0.4 * float(scale) < float(err) <= float(scale) / 2 + 1e-6
 
 
-@pytest.mark.parametrize("width", [1, 7, 8])
-def test_4bit_packing_round_trips(width):
-    codes = torch.randint(0, 16, (3, 5, width), dtype=torch.uint8)
-    packed = kvquant.pack(codes, 4)
-    assert packed.shape[-1] == (width + 1) // 2
-    assert torch.equal(kvquant.unpack(packed, 4, width), codes)
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("width", [1, 3, 6, 7, 8])
+def test_packing_round_trips(width, bits):
+    codes = torch.randint(0, 2**bits, (3, 5, width), dtype=torch.uint8)
+    packed = kvquant.pack(codes, bits)
+    assert packed.shape[-1] == -(-width * bits // 8)
+    assert torch.equal(kvquant.unpack(packed, bits, width), codes)
+    assert torch.equal(kvquant.codes_float(packed, bits, width), codes.float())
+    if bits == 2 and width == 8:  # entry 4i + j in bits 2j: the layout the file format names
+        first = codes[0, 0].tolist()
+        assert int(packed[0, 0, 0]) == sum(c << (2 * j) for j, c in enumerate(first[:4]))
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 4, 2])
 def test_entries_keep_the_newest_tokens_exact_and_refuse_damage(bits):
     x = random_kv(2, 50, 8, 1).to(torch.bfloat16)
     parts = kvquant.quantize_entry(x, "keys", bits, 32, recent=6)
@@ -96,6 +101,50 @@ def test_entries_keep_the_newest_tokens_exact_and_refuse_damage(bits):
         kvquant.check_bits(3)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    length=st.integers(1, 60),
+    sink=st.integers(0, 6),
+    recent=st.integers(0, 9),
+    bits=st.sampled_from([8, 4, 2]),
+    kind=st.sampled_from(["keys", "values"]),
+    seed=st.integers(0, 1000),
+)
+def test_sink_and_recent_tokens_stay_exact_and_the_rest_within_the_bound(length, sink, recent, bits, kind, seed):
+    x = random_kv(2, length, 6, seed).to(torch.bfloat16)
+    parts = kvquant.quantize_entry(x, kind, bits, 8, recent, sink)
+    r = min(recent, length)
+    s = min(sink, length - r)
+    assert ("sink" in parts) == (sink > 0) and parts["recent"].shape[1] == r
+    assert parts["codes"].shape[1] == length - s - r
+    back = kvquant.dequantize_entry(parts, kind, bits, 8, 6)
+    assert back.shape == x.shape and back.dtype == x.dtype
+    assert torch.equal(back[:, :s], x[:, :s]) and torch.equal(back[:, length - r :], x[:, length - r :])
+    dim = -2 if kind == "keys" else -1
+    mid = x[:, s : length - r].float()
+    bound = parts["scale"].float().repeat_interleave(8, dim=dim).narrow(dim, 0, mid.shape[dim]) / 2
+    # the bf16 rounding of the dequantized value adds at most half a bf16 step of it
+    slack = mid.abs().clamp_min(1e-3) * 2**-8 + 4 * torch.finfo(torch.float32).eps
+    assert bool(((back[:, s : length - r].float() - mid).abs() <= bound + slack).all())
+
+
+def test_a_sink_part_that_does_not_fit_is_refused():
+    x = random_kv(2, 30, 8, 3).to(torch.bfloat16)
+    parts = kvquant.quantize_entry(x, "keys", 2, 8, recent=4, sink=3)
+    with pytest.raises(ValueError, match="sink tokens"):
+        kvquant.dequantize_entry({**parts, "sink": parts["sink"][:, :, :5]}, "keys", 2, 8, 8)
+    with pytest.raises(ValueError, match="sink tokens"):
+        kvquant.dequantize_entry({**parts, "sink": parts["sink"].float()}, "keys", 2, 8, 8)
+
+
+def test_2bit_entry_bytes():
+    x = random_kv(2, 256, 64, 2).to(torch.bfloat16)
+    full = x.numel() * x.element_size()
+    parts = [kvquant.quantize_entry(x, kind, 2, 32, recent=0) for kind in ("keys", "values")]
+    # 2-bit codes (0.125 of bf16) plus a float16 scale and zero per 32 entries (0.0625 of bf16): 3 bits a value
+    assert [kvquant.quantized_bytes(p) for p in parts] == [full * 3 // 16] * 2
+
+
 def test_4bit_entry_bytes():
     x = random_kv(2, 256, 64, 2).to(torch.bfloat16)
     full = x.numel() * x.element_size()
@@ -104,9 +153,9 @@ def test_4bit_entry_bytes():
     assert [kvquant.quantized_bytes(p) for p in parts] == [full * 5 // 16] * 2
 
 
-def saved_and_loaded(state: Prefilled, bits: int, recent: int) -> Prefilled:
+def saved_and_loaded(state: Prefilled, bits: int, recent: int, sink: int = 0) -> Prefilled:
     """The state as a .cake file of `bits` carries it: safetensors bytes and back (nothing else shared)."""
-    tensors = load_tensors(save_tensors(cache_tensors(state.cache, bits, 32, recent)))
+    tensors = load_tensors(save_tensors(cache_tensors(state.cache, bits, 32, recent, sink)))
     n = state.cache.layers[0].seen
     cache = cache_from_tensors(tensors, len(state.cache.layers), n, "cpu", bits=bits, group=32)
     cascade = SavedCascade(list(state.cascade.stats), state.cascade.final_budgets, state.cascade.evicting)
@@ -120,18 +169,19 @@ def answer(model, state, prefix, suffix, config, logits):
     return decode(model, full, cont, config, max_new_tokens=10, capacity=capacity, step_logits=logits)
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_saved_quantized_cache_answers_as_the_cache_quantized_in_process(tiny_model, bits):
+@pytest.mark.parametrize(("bits", "sink"), [(8, 0), (4, 0), (2, 4)])
+def test_saved_quantized_cache_answers_as_the_cache_quantized_in_process(tiny_model, bits, sink):
     gen = torch.Generator().manual_seed(5)
     prefix, suffix = torch.randint(0, 97, (1, 90), generator=gen), torch.randint(0, 97, (1, 6), generator=gen)
     config = CakeConfig(budget=40, window=6)
     use_cake_attention(tiny_model, "sdpa")
     state = prefill(tiny_model, prefix, config)
-    here = requantized(state, bits, 32, recent=6)
-    there = saved_and_loaded(state, bits, recent=6)
+    here = requantized(state, bits, 32, recent=6, sink=sink)
+    there = saved_and_loaded(state, bits, recent=6, sink=sink)
     for a, b, c in zip(here.cache.layers, there.cache.layers, state.cache.layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) and torch.equal(a.positions, c.positions)
         assert torch.equal(a.keys[:, :, -6:], c.keys[:, :, -6:]), "the observation window is not quantized"
+        assert torch.equal(a.values[:, :, :sink], c.values[:, :, :sink]), "the sink tokens are not quantized"
         assert not torch.equal(a.keys, c.keys)
     here_logits, there_logits, plain_logits = [], [], []
     got = answer(tiny_model, here, prefix, suffix, config, here_logits)

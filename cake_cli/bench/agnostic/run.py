@@ -43,7 +43,7 @@ from cake_cli.bench.needles import insert_at_depths, needle_facts
 from cake_cli.bench.quality.run import PROMPT_SLACK, Model
 from cake_cli.bench.scoring import exact_answer, score_answer
 from cake_cli.bench.splits import needle_depths
-from cake_cli.engine.config import DEFAULT_KV_GROUP, CakeConfig
+from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK, CakeConfig
 from cake_cli.engine.continuation import (
     SavedCascade,
     cache_tensors,
@@ -106,11 +106,11 @@ def agnostic_document(model: Model, split: str, index: int, depth: float, length
 def file_bytes(state: Prefilled, bits: int, window: int) -> int:
     """Bytes of the safetensors tensors a .cake of this cache holds at `bits` (positions included, the
     metadata header left out: it holds the document text, the same for every row)."""
-    return len(save_tensors(cache_tensors(state.cache, bits, DEFAULT_KV_GROUP, window)))
+    return len(save_tensors(cache_tensors(state.cache, bits, DEFAULT_KV_GROUP, window, DEFAULT_KV_SINK)))
 
 
 def _quantized(state: Prefilled, bits: int, window: int) -> Prefilled:
-    return requantized(state, bits, DEFAULT_KV_GROUP, window, in_memory=True)  # as a loaded file: held quantized
+    return requantized(state, bits, DEFAULT_KV_GROUP, window, sink=DEFAULT_KV_SINK, in_memory=True)  # as a file
 
 
 class FirstToken:

@@ -45,25 +45,26 @@ Scoring = Annotated[
 
 
 def kv_bits_option(help_text: str):
-    """The `--kv-bits` option type (16, 8 or 4; checked by `check_kv_bits`) with its command's help."""
+    """The `--kv-bits` option type (16, 8, 4 or 2; checked by `check_kv_bits`) with its command's help."""
     return Annotated[int, typer.Option("--kv-bits", metavar="|".join(map(str, KV_BITS)), help=help_text)]
 
 
 KvBits = kv_bits_option(
-    "Bits per key/value in the .cake file: 16 = the model's dtype; 8 or 4 = grouped affine quantization "
-    "(KIVI: keys per channel, values per token, groups of 32, the observation window kept exact). The file "
+    "Bits per key/value in the .cake file: 16 = the model's dtype; 8, 4 or 2 = grouped affine quantization "
+    "(KIVI: keys per channel, values per token, groups of 32, the first 4 tokens and the observation window "
+    "kept exact; 2 bits loses more answers, see benchmarks/cache.md). The file "
     "shrinks, and so does memory while answering: a loaded file keeps its global layers quantized "
     "(local sliding-window layers and per-head-length layers are dequantized)."
 )
 ChatKvBits = kv_bits_option(
-    "Bits per key/value the compressed document is held at in memory: 16 = the model's dtype; 8 or 4 = "
+    "Bits per key/value the compressed document is held at in memory: 16 = the model's dtype; 8, 4 or 2 = "
     "KIVI's grouped affine quantization as `cake compress --kv-bits` saves it (global layers; the "
     "observation window and every question's tokens kept in the model's dtype)."
 )
 
 
 def check_kv_bits(bits: int) -> None:
-    """Raises UsageError for a --kv-bits other than 16, 8 or 4."""
+    """Raises UsageError for a --kv-bits other than 16, 8, 4 or 2."""
     if bits not in KV_BITS:
         raise UsageError(f"--kv-bits {bits} is not supported", f"choose one of {', '.join(map(str, KV_BITS))}")
 

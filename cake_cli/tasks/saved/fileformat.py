@@ -1,14 +1,16 @@
 """The .cake file: a compressed document prefix saved by `cake compress`, read without torch.
 
-Format (version `FORMAT_VERSION` = 3): one safetensors file. Tensors, per layer i: ``positions.i``
+Format (version `FORMAT_VERSION` = 5): one safetensors file. Tensors, per layer i: ``positions.i``
 [H_kv, len_i] int16 (int32 past 32767 positions): each kept token's true position; and its keys and
 values, at the file's ``kv_bits``:
 
 - 16: ``keys.i`` and ``values.i`` [H_kv, len_i, d] (rotated keys and values in the model's dtype);
-- 8 or 4 (`engine.kvquant`, KIVI's grouped affine layout): ``keys.i.codes`` / ``values.i.codes`` uint8
-  (two 4-bit codes a byte), ``.scale`` and ``.zero`` float16 per group of ``kv_group`` entries (keys:
-  per channel, groups along the tokens; values: per token, groups along the channels), ``.recent``
-  the newest ``kv_recent`` tokens in the model's dtype (the observation window: never quantized).
+- 8, 4 or 2 (`engine.kvquant`, KIVI's grouped affine layout): ``keys.i.codes`` / ``values.i.codes`` uint8
+  (two 4-bit or four 2-bit codes a byte), ``.scale`` and ``.zero`` float16 per group of ``kv_group``
+  entries (keys: per channel, groups along the tokens; values: per token, groups along the channels),
+  ``.recent`` the newest ``kv_recent`` tokens in the model's dtype (the observation window: never
+  quantized), and from version 5 ``.sink`` the first ``kv_sink`` tokens in the model's dtype (the
+  attention sinks; absent when ``kv_sink`` is 0).
   A loaded file keeps these parts in memory for its global, non-ragged layers (`engine.kvmemory`); local
   and ragged layers are dequantized to the model's dtype.
 
@@ -16,7 +18,9 @@ For H2O also ``scores.i`` [H_kv, len_i] float32, each token's accumulated attent
 From version 4, a layer whose KV heads keep different numbers of tokens (``--allocation global``,
 `engine.headlengths`) also has ``starts.i`` [H_kv] int32, each head's first live slot: its tensors are
 padded at the front to its longest head (zeros at position -1), and its metadata layer lists ``heads``,
-the tokens each KV head keeps. Versions 1-3 have neither and load as before.
+the tokens each KV head keeps. Versions 1-3 have neither and load as before. Version 5 adds 2-bit codes and
+the sink tokens (``kv_sink``); versions 1-4 read as ``kv_sink`` 0, and a 2-bit file claiming an older
+version is refused as corrupt.
 
 The safetensors header's ``__metadata__`` holds one key, ``cake_cli``: a JSON object with every
 `CacheMeta` field (format and cake-cli versions, model and its fingerprint, dtype, method, the
@@ -47,8 +51,8 @@ from cake_cli.engine.config import KV_BITS
 from cake_cli.errors import CakeError
 
 FORMAT = "cake-cli-cache"
-FORMAT_VERSION = 4  # 4: per-KV-head lengths (`starts.i`, layers' `heads`); 3: the checksum covers the metadata
-READABLE_VERSIONS = (1, 2, 3, 4)  # 1: no kv_* fields (16-bit keys and values, the same tensors)
+FORMAT_VERSION = 5  # 5: 2-bit codes, sink tokens (`kv_sink`); 4: per-KV-head lengths; 3: checksum over the metadata
+READABLE_VERSIONS = (1, 2, 3, 4, 5)  # 1: no kv_* fields (16-bit keys and values, the same tensors)
 CHECKSUM = "sha256"  # the metadata field holding `file_sha256` (version 3)
 SUFFIX = ".cake"
 META_KEY = "cake_cli"
@@ -112,9 +116,10 @@ class CacheMeta:
     kv_peak: int  # largest total during that prefill
     data_sha256: str = ""  # versions 1-2: of the safetensors data section only ("" from version 3)
     # format 2 (`V2_DEFAULTS`: what a version 1 file means):
-    kv_bits: int = 16  # bits per saved key/value: 16 = the model's dtype, 8 / 4 = grouped affine (`engine.kvquant`)
+    kv_bits: int = 16  # bits per saved key/value: 16 = the model's dtype, 8 / 4 / 2 = grouped affine (`engine.kvquant`)
     kv_group: int | None = None  # entries per quantization group (None at 16 bits)
     kv_recent: int = 0  # newest tokens of each layer kept in the model's dtype when quantized
+    kv_sink: int = 0  # format 5: first tokens of each layer kept in the model's dtype when quantized (`.sink` parts)
     kv_bytes_file: int | None = None  # bytes of the saved keys and values (codes, scales, zeros, recent), measured
     sha256: str = ""  # version 3: `file_sha256` of the file, metadata and tensor table included (set when saving)
 
@@ -280,11 +285,12 @@ def blob_sha256(blob: bytes) -> str:
 
 # ---- format version 2: versions, KV bits ------------------------------------------------------------
 
-V2_DEFAULTS = {"kv_bits": 16, "kv_group": None, "kv_recent": 0, "kv_bytes_file": None}  # a version 1 file
+V2_DEFAULTS = {"kv_bits": 16, "kv_group": None, "kv_recent": 0, "kv_bytes_file": None, "kv_sink": 0}  # version 1
 
 
 def v2_fields(data: dict) -> dict:
-    """The format-2 fields of a header's JSON object, `V2_DEFAULTS` for those a version 1 file lacks."""
+    """The format-2 fields of a header's JSON object (and format 5's `kv_sink`), `V2_DEFAULTS` for those an older
+    file lacks (version 1: all; versions 2-4: `kv_sink`, no sink tokens)."""
     return {name: data.get(name, default) for name, default in V2_DEFAULTS.items()}
 
 
@@ -313,11 +319,14 @@ def check_quantization(meta: CacheMeta, path: Path) -> None:
     Raises:
         CakeError (exit 1): naming the setting, with the command that remakes the file.
     """
-    bits, group, recent = meta.kv_bits, meta.kv_group, meta.kv_recent
+    bits, group, recent, sink = meta.kv_bits, meta.kv_group, meta.kv_recent, meta.kv_sink
     bad_group = bits != 16 and (not isinstance(group, int) or isinstance(group, bool) or group < 1)
-    if bits not in KV_BITS or bad_group or not isinstance(recent, int) or recent < 0:
+    counts = (recent, sink)
+    bad_count = any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in counts)
+    old_two = bits == 2 and meta.format_version < 5  # 2-bit codes came with format 5
+    if bits not in KV_BITS or bad_group or bad_count or old_two:
         raise CakeError(
-            f"{path} is corrupt: its KV quantization settings (bits {bits!r}, group {group!r}, recent {recent!r}) "
-            f"are not ones cake-cli writes (bits {', '.join(map(str, KV_BITS))})",
+            f"{path} is corrupt: its KV quantization settings (bits {bits!r}, group {group!r}, recent {recent!r}, "
+            f"sink {sink!r}) are not ones cake-cli writes (bits {', '.join(map(str, KV_BITS))})",
             _again(meta.source, path),
         )

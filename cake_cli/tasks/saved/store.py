@@ -19,7 +19,7 @@ from safetensors.torch import save as save_tensors
 
 from cake_cli import __version__
 from cake_cli.engine.cascade import LayerStats
-from cake_cli.engine.config import DEFAULT_KV_GROUP, KV_BITS
+from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK, KV_BITS
 from cake_cli.engine.continuation import SavedCascade, cache_from_tensors, cache_tensors, quantized_in_memory
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled
@@ -134,7 +134,8 @@ def save(compressed: Compressed, path: str | Path, bits: int = 16) -> int:
     """
     meta = quantized_meta(compressed.meta, bits)
     try:
-        tensors = cache_tensors(compressed.state.cache, bits, meta.kv_group or DEFAULT_KV_GROUP, meta.kv_recent)
+        cache = compressed.state.cache
+        tensors = cache_tensors(cache, bits, meta.kv_group or DEFAULT_KV_GROUP, meta.kv_recent, meta.kv_sink)
     except ValueError as exc:
         raise CakeError(f"cannot save the cache at {bits} bits ({exc})", "save it at --kv-bits 16") from None
     kv = sum(t.numel() * t.element_size() for name, t in tensors.items() if not name.startswith("positions."))
@@ -148,8 +149,9 @@ def save(compressed: Compressed, path: str | Path, bits: int = 16) -> int:
 
 
 def quantized_meta(meta: CacheMeta, bits: int) -> CacheMeta:
-    """The metadata of a file saved at `bits`: 16 (nothing quantized), or 8 / 4 with the default group and
-    the observation window's w tokens (32 for --method full) kept in the model's dtype (`engine.kvquant`).
+    """The metadata of a file saved at `bits`: 16 (nothing quantized), or 8 / 4 / 2 with the default group, the
+    observation window's w tokens (32 for --method full) and the first `DEFAULT_KV_SINK` tokens (the attention
+    sinks, format 5) kept in the model's dtype (`engine.kvquant`).
 
     Raises:
         CakeError: bits not in `engine.config.KV_BITS`.
@@ -157,8 +159,9 @@ def quantized_meta(meta: CacheMeta, bits: int) -> CacheMeta:
     if bits not in KV_BITS:
         raise CakeError(f"--kv-bits {bits} is not supported", f"choose one of {', '.join(map(str, KV_BITS))}")
     if bits == 16:
-        return replace(meta, kv_bits=16, kv_group=None, kv_recent=0)
-    return replace(meta, kv_bits=bits, kv_group=DEFAULT_KV_GROUP, kv_recent=meta.window or DEFAULT_RECENT)
+        return replace(meta, kv_bits=16, kv_group=None, kv_recent=0, kv_sink=0)
+    recent = meta.window or DEFAULT_RECENT
+    return replace(meta, kv_bits=bits, kv_group=DEFAULT_KV_GROUP, kv_recent=recent, kv_sink=DEFAULT_KV_SINK)
 
 
 def held_quantized(compressed: Compressed, bits: int) -> Compressed:
@@ -173,7 +176,7 @@ def held_quantized(compressed: Compressed, bits: int) -> Compressed:
     if bits == 16:
         return compressed
     try:
-        state = quantized_in_memory(compressed.state, bits, meta.kv_group, meta.kv_recent)
+        state = quantized_in_memory(compressed.state, bits, meta.kv_group, meta.kv_recent, meta.kv_sink)
     except ValueError as exc:
         raise CakeError(f"cannot hold the cache at {bits} bits ({exc})", "use --kv-bits 16") from None
     return replace(compressed, meta=meta, state=state)

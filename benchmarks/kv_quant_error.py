@@ -1,0 +1,249 @@
+"""Where quantized keys and values lose accuracy: per layer, the relative error of keys, values and the window's
+attention output for several quantization schemes, on the default model's real KV cache of a real document.
+
+The document (default: the first 4,096 tokens of CPython's `argparse.py`) is run through the model once (no
+eviction); a forward pre-hook on every attention module records its input, from which the keys (rotated, with
+Qwen's k_proj bias), the values and the last `--window` tokens' queries are computed as the model computes them.
+Each scheme quantizes and dequantizes a layer's keys and values (`engine.kvquant`, grouped affine with the
+bound-keeping rounding of the file) and the script reports, per layer, the relative Frobenius errors
+||K' - K|| / ||K||, ||V' - V|| / ||V|| and ||O' - O|| / ||O||, O = softmax(q K^T / sqrt(d) + causal mask) V over
+every prefix token for the window's queries (float32, GQA), and each scheme's file size as a
+fraction of the 16-bit keys and values (codes, scales, zeros and exact tokens of this document's length).
+
+Schemes (KIVI, Liu et al. 2024, arXiv 2402.02750: keys per channel, values per token): `kivi` the file's layout
+before format 5 (keys per channel in groups of G tokens, values per token in groups of G channels, float16
+scales and zeros, the last 32 tokens exact); `keys/token` keys quantized per token like values (the layout KIVI
+argues against); `keys/token-bias` the same after subtracting each channel's mean over the document (kept exact:
+Qwen's k_proj bias and outlier channels); `G` the group size; `sink S` the first S tokens kept exact;
+`recent R` the newest R tokens exact (KIVI's residual); `scales bf16 / fp32` the scales' and zeros' format;
+`values rotated` the values' channels multiplied by an orthonormal Hadamard matrix before quantization and by
+its transpose after (QuaRot's rotation, Ashkboos et al. 2024: not in the file format).
+
+    python benchmarks/kv_quant_error.py -o benchmarks/runs/kv-quant-error-qwen.json \
+        > benchmarks/runs/kv-quant-error-qwen.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+from cake_cli.engine import kvquant
+from cake_cli.models.loader import load_model
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One way to quantize a layer: keys along `key_axis` ("channel": groups of `group` tokens per channel; "token":
+    groups of `group` channels per token), values per token in groups of min(group, d) channels."""
+
+    name: str
+    bits: int
+    group: int = 32
+    key_axis: str = "channel"
+    sink: int = 0  # first tokens kept exact
+    recent: int = 32  # newest tokens kept exact
+    scale_dtype: torch.dtype = torch.float16
+    center_keys: bool = False  # subtract each channel's mean (stored exact) before quantizing keys
+    value_group: int | None = None  # channels per value group (None: min(group, d))
+    rotate_values: bool = False  # quantize V·H (H an orthonormal Hadamard matrix over the channels), then undo it
+
+    def file_ratio(self, n: int, d: int) -> float:
+        """Bytes of keys + values as a fraction of 16-bit ones, for one KV head of n tokens, head dim d."""
+        exact = min(self.sink + self.recent, n)
+        m = n - exact
+        sbits = torch.finfo(self.scale_dtype).bits
+        vg = self.value_group or min(self.group, d)
+        key_groups = math.ceil(m / self.group) * d if self.key_axis == "channel" else m * math.ceil(d / self.group)
+        val_groups = m * math.ceil(d / vg)
+        bits = 2 * m * math.ceil(d * self.bits / 8) * 8 + 2 * sbits * (key_groups + val_groups) + 2 * 16 * exact * d
+        bits += 16 * d if self.center_keys else 0
+        return bits / (2 * 16 * n * d)
+
+
+def fake_quant(x: torch.Tensor, scheme: Scheme, kind: str) -> torch.Tensor:
+    """x [H_kv, n, d] float32 -> its dequantized copy under `scheme` (exact sink and recent tokens)."""
+    n, d = x.shape[1], x.shape[2]
+    lo, hi = min(scheme.sink, n), max(n - scheme.recent, min(scheme.sink, n))
+    out = x.clone()
+    mid = x[:, lo:hi]
+    if mid.shape[1] == 0:
+        return out
+    shift = torch.zeros(1, 1, d)
+    if kind == "keys" and scheme.center_keys:
+        shift = x.mean(dim=1, keepdim=True)
+    rotation = hadamard(d) if kind == "values" and scheme.rotate_values else None
+    if rotation is not None:
+        mid = mid @ rotation  # [H_kv, m, d]: outlier channels spread over all (QuaRot, Ashkboos et al. 2024)
+    by_channel = kind == "keys" and scheme.key_axis == "channel"
+    group = scheme.group if kind == "keys" else (scheme.value_group or min(scheme.group, d))
+    dim = -2 if by_channel else -1
+    codes, scale, zero = kvquant.quantize(mid - shift, scheme.bits, dim, group, scheme.scale_dtype)
+    back = kvquant.dequantize(codes, scale, zero, dim, group) + shift
+    out[:, lo:hi] = back if rotation is None else back @ rotation.T
+    return out
+
+
+def hadamard(d: int) -> torch.Tensor:
+    """[d, d] orthonormal Hadamard matrix (Sylvester's construction; d a power of 2)."""
+    if d & (d - 1):
+        raise ValueError(f"a Hadamard rotation needs a power-of-2 head dimension (got {d})")
+    h = torch.ones(1, 1)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(d)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [H, w, d] (the last w positions), k, v [H_kv, n, d] -> [H, w, d] float32, causal; query head h reads KV
+    head h // (H / H_kv) (GQA). float32: its rounding (~1e-6 relative) is far below the errors measured."""
+    heads, w, d = q.shape
+    kv, n = k.shape[0], k.shape[1]
+    grouped = q.float().reshape(kv, heads // kv * w, d)  # [H_kv, rep · w, d]: a KV head's query heads together
+    scores = grouped @ k.float().transpose(1, 2) / math.sqrt(d)  # [H_kv, rep · w, n]
+    future = torch.arange(n)[None, :] > (n - w + torch.arange(w))[:, None]  # [w, n]
+    scores = scores.view(kv, heads // kv, w, n).masked_fill_(future, float("-inf")).flatten(1, 2)
+    return (scores.softmax(-1) @ v.float()).view(heads, w, d)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def capture(model, ids: torch.Tensor, window: int) -> list[dict[str, torch.Tensor]]:
+    """Per layer: keys, values [H_kv, n, d] float32 as the cache holds them, queries of the last `window` tokens
+    [H, w, d], and the pre-RoPE key bias [H_kv, d] (zeros without one)."""
+    layers: list[dict[str, torch.Tensor]] = []
+
+    def hook(module, args, kwargs):
+        hs = kwargs.get("hidden_states", args[0] if args else None)
+        cos, sin = kwargs["position_embeddings"]
+        shape = (*hs.shape[:-1], -1, module.head_dim)
+        q = module.q_proj(hs[:, -window:]).view(1, hs[:, -window:].shape[1], -1, module.head_dim).transpose(1, 2)
+        k = module.k_proj(hs).view(shape).transpose(1, 2)
+        v = module.v_proj(hs).view(shape).transpose(1, 2)
+        q, _ = apply_rotary_pos_emb(q, q, cos[:, -window:], sin[:, -window:])
+        _, k = apply_rotary_pos_emb(k, k, cos, sin)
+        bias = module.k_proj.bias
+        bias = torch.zeros(k.shape[1], k.shape[-1]) if bias is None else bias.float().view(k.shape[1], -1)
+        layers.append({"q": q[0].float(), "k": k[0].float(), "v": v[0].float(), "bias": bias.detach()})
+
+    handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.model.layers]
+    try:
+        with torch.no_grad():
+            model(ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return layers
+
+
+def schemes(bits_list: list[int]) -> list[Scheme]:
+    out = []
+    for bits in bits_list:
+        out += [
+            Scheme(f"kivi {bits}", bits),
+            Scheme(f"keys/token {bits}", bits, key_axis="token"),
+            Scheme(f"keys/token-bias {bits}", bits, key_axis="token", center_keys=True),
+            Scheme(f"recent 0 {bits}", bits, recent=0),
+            Scheme(f"recent 128 {bits}", bits, recent=128),
+            Scheme(f"sink 4 {bits}", bits, sink=4),
+            Scheme(f"G64 {bits}", bits, group=64),
+            Scheme(f"G128/v32 {bits}", bits, group=128, value_group=32),
+            Scheme(f"G128/v32 sink 4 {bits}", bits, group=128, value_group=32, sink=4),
+            Scheme(f"sink 4 recent 128 {bits}", bits, sink=4, recent=128),
+            Scheme(f"sink 4 v16 {bits}", bits, sink=4, value_group=16),
+            Scheme(f"sink 4 recent 128 v16 {bits}", bits, sink=4, recent=128, value_group=16),
+            Scheme(f"sink 4 values rotated {bits}", bits, sink=4, rotate_values=True),
+            Scheme(f"sink 4 values rotated v64 {bits}", bits, sink=4, rotate_values=True, value_group=64),
+            Scheme(f"scales bf16 {bits}", bits, scale_dtype=torch.bfloat16),
+            Scheme(f"scales fp32 {bits}", bits, scale_dtype=torch.float32),
+        ]
+    return out
+
+
+def outliers(layer: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The keys' channel structure: the largest channel mean over the median channel spread, the bias's share of
+    the key norm, and the first token's key and value norms over the median token's."""
+    k, v = layer["k"], layer["v"]
+    mean, spread = k.mean(1).abs(), k.std(1)  # [H_kv, d]
+    norms_k, norms_v = k.norm(dim=-1), v.norm(dim=-1)  # [H_kv, n]
+    return {
+        "channel_mean_over_median_std": float((mean.amax(1) / spread.median(1).values).max()),
+        "channel_std_max_over_median": float((spread.amax(1) / spread.median(1).values).max()),
+        "bias_norm_over_key_rms": float(layer["bias"].norm() / k.pow(2).sum(-1).mean().sqrt() / math.sqrt(k.shape[0])),
+        "sink_key_norm_over_median": float((norms_k[:, 0] / norms_k.median(1).values).max()),
+        "sink_value_norm_over_median": float((norms_v[:, 0] / norms_v.median(1).values).max()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="model name or path (default: the embedded default)")
+    parser.add_argument("--text", type=Path, default=Path(sysconfig.get_paths()["stdlib"]) / "argparse.py")
+    parser.add_argument("--tokens", type=int, default=4096, help="the text's first N tokens")
+    parser.add_argument("--window", type=int, default=32, help="queries of the last N tokens")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--bits", default="4,2,8", help="bit widths of the schemes, comma-separated")
+    parser.add_argument("-o", "--output", type=Path, default=None, help="JSON with every layer's numbers")
+    args = parser.parse_args()
+    args.bits = [int(b) for b in args.bits.split(",")]
+    torch.set_num_threads(args.threads)
+    lm = load_model(args.model)
+    ids = lm.tokenizer(args.text.read_text(encoding="utf-8"), return_tensors="pt").input_ids[:, : args.tokens]
+    began = time.perf_counter()
+    layers = capture(lm.model, ids, args.window)
+    n, d = layers[0]["k"].shape[1], layers[0]["k"].shape[2]
+    print(f"model {lm.name} ({lm.dtype}), {args.text}: first {n} tokens, window {args.window}, head dim {d}")
+    print(f"forward {time.perf_counter() - began:.1f} s\n")
+    print("key structure per layer (max over KV heads):")
+    print("| layer | channel mean / median std | max channel std / median | bias / key rms | sink key | sink value |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    stats = [outliers(layer) for layer in layers]
+    for i, s in enumerate(stats):
+        print(f"| {i} | " + " | ".join(f"{v:.2f}" for v in s.values()) + " |")
+    refs = [attention(layer["q"], layer["k"], layer["v"]) for layer in layers]
+    print("\nrelative error, mean (max) over layers; file = keys + values bytes / 16-bit ones at this length:")
+    print("| scheme | file | keys | values | attention output | attention, keys only |")
+    print("|---|---:|---:|---:|---:|---:|", flush=True)
+    rows = []
+    for scheme in schemes(args.bits):
+        per = []
+        for layer, ref in zip(layers, refs):
+            k, v = fake_quant(layer["k"], scheme, "keys"), fake_quant(layer["v"], scheme, "values")
+            per.append(
+                {
+                    "keys": rel(k, layer["k"]),
+                    "values": rel(v, layer["v"]),
+                    "attention": rel(attention(layer["q"], k, v), ref),
+                    "attention_keys_only": rel(attention(layer["q"], k, layer["v"]), ref),
+                }
+            )
+        row = {"scheme": scheme.name, "bits": scheme.bits, "file_ratio": scheme.file_ratio(n, d), "layers": per}
+        rows.append(row)
+        cells = []
+        for key in ("keys", "values", "attention", "attention_keys_only"):
+            vals = [p[key] for p in row["layers"]]
+            cells.append(f"{sum(vals) / len(vals):.4f} ({max(vals):.4f})")
+        print(f"| {row['scheme']} | {row['file_ratio']:.3f} | " + " | ".join(cells) + " |", flush=True)
+        if args.output:
+            meta = {"model": lm.name, "text": str(args.text), "tokens": n, "window": args.window, "head_dim": d}
+            args.output.write_text(json.dumps({"meta": meta, "key_structure": stats, "schemes": rows}, indent=1) + "\n")
+    print("\nattention output error per layer (selected schemes):")
+    chosen = [r for r in rows if r["scheme"].rsplit(" ", 1)[0] in ("kivi", "sink 4", "recent 128") and r["bits"] < 8]
+    print("| layer | " + " | ".join(r["scheme"] for r in chosen) + " |")
+    print("|---:|" + "---:|" * len(chosen))
+    for i in range(len(layers)):
+        print(f"| {i} | " + " | ".join(f"{r['layers'][i]['attention']:.4f}" for r in chosen) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -120,8 +120,8 @@ def cascade(log_prefs: Sequence[float], total: int, cap: int) -> list[list[int]]
     return stages
 
 
-def uniform(num_layers: int, total: int, cap: int) -> list[int]:
-    """Equal integer budgets (SnapKV/H2O/TOVA-style allocation), each <= cap."""
+def uniform(num_layers: int, total: int, cap: int, window: int = 0) -> list[int]:
+    """Equal integer budgets (SnapKV/H2O/TOVA-style allocation), each <= cap (`window` is not read)."""
     return round_budgets(waterfill([1.0] * num_layers, float(total), float(cap)), cap)
 
 
@@ -142,9 +142,35 @@ def pyramid_weights(num_layers: int, beta: int = PYRAMID_BETA) -> list[float]:
     return [high - layer * step for layer in range(num_layers)]
 
 
-def pyramid(num_layers: int, total: int, cap: int) -> list[int]:
-    """PyramidKV's integer budgets, decreasing linearly with depth, summing to the total (capped)."""
-    return round_budgets(waterfill(pyramid_weights(num_layers), float(total), float(cap)), cap)
+def pyramid(num_layers: int, total: int, cap: int, window: int) -> list[int]:
+    """PyramidKV's integer budgets, decreasing linearly with depth, summing to the total: the
+    schedule of PyramidKV's code (`PyramidKVCluster.update_kv`, docs/method.md §Baselines) in real
+    numbers, then rounded (largest remainder) so that the sum is exact (that code floors its end
+    points and step, and keeps up to L - 1 tokens more or fewer than the total).
+
+    With c = total / L evictable tokens per layer and n = cap + window prompt tokens:
+    - n < 2c: every layer c (the code's SnapKV branch: the pyramid does not fit the prompt);
+    - else linear from c · (2 - 1/beta) down to c / beta (`pyramid_weights`); when the top exceeds
+      cap (n - w), the top is cap and the bottom 2c - cap, linear in between (the sum stays L · c).
+
+    Args:
+        num_layers: L.
+        total: B_total = (B - w) · L evictable tokens.
+        cap: n - w, the evictable tokens each layer holds.
+        window: w, the observation window in tokens.
+
+    Returns:
+        [L] integer budgets in [0, cap], non-increasing with depth, summing to min(total, L · cap).
+    """
+    mean = total / num_layers
+    if num_layers == 1 or total >= cap * num_layers or cap + window < 2 * mean:
+        return uniform(num_layers, total, cap)
+    weights = pyramid_weights(num_layers)
+    high, low = mean * weights[0], mean * weights[-1]
+    if high >= cap:
+        high, low = float(cap), 2 * mean - cap
+    step = (high - low) / (num_layers - 1)
+    return round_budgets([high - layer * step for layer in range(num_layers)], cap)
 
 
 @dataclass(frozen=True)
@@ -154,7 +180,7 @@ class Allocation:
     Attributes:
         uses_stats: True when the budgets depend on the layer statistics: `split(log_prefs, total,
             cap, previous)` re-allocates layers 0..m at every cascade stage (Eq. 9). False when
-            they are fixed before prefill: `split(num_layers, total, cap)` gives every layer's.
+            they are fixed before prefill: `split(num_layers, total, cap, window)` gives every layer's.
         split: the function (see `uses_stats`), returning integer budgets.
     """
 
@@ -180,6 +206,8 @@ def stage_budgets(
     total: int,
     cap: int,
     previous: Sequence[int] | None,
+    *,
+    window: int,
 ) -> list[int]:
     """Budgets of layers 0..seen-1 at cascade stage seen - 1 under allocation `name` (Eqs. 9-10).
 
@@ -191,6 +219,7 @@ def stage_budgets(
         total: B_total = (B - w) · L.
         cap: n - w.
         previous: the budgets of the previous stage, or None.
+        window: w (the pyramid's schedule reads the prompt length n = cap + w).
 
     Returns:
         [seen] integer budgets, each in [0, cap], non-increasing across stages (Prop. 1).
@@ -205,4 +234,4 @@ def stage_budgets(
     alloc = ALLOCATIONS[name]
     if alloc.uses_stats:
         return alloc.split(log_prefs, total, cap, previous)
-    return alloc.split(num_layers, total, cap)[:seen]
+    return alloc.split(num_layers, total, cap, window)[:seen]

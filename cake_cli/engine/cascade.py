@@ -179,6 +179,7 @@ class CascadePrefill:
             total,
             self.cap,
             self.stages[-1] if self.stages else None,
+            window=self.config.window,
         )
         self.stages.append(budgets)
         for layer_idx, budget in zip(seen, budgets):

@@ -308,7 +308,7 @@ def evict_by_scores(cache: CakeCache, rec: Reconstruction, config: CakeConfig) -
     uses_stats = allocation.ALLOCATIONS[config.allocation].uses_stats
     logs = [rec.stats[i].log_preference for i in global_layers] if uses_stats else None
     scored = len(global_layers)
-    budgets = allocation.stage_budgets(config.allocation, logs, scored, scored, total, cap, None)
+    budgets = allocation.stage_budgets(config.allocation, logs, scored, scored, total, cap, None, window=w)
     for layer_idx, budget in zip(global_layers, budgets):
         chosen = top_k_sorted(rec.scores[layer_idx][:, :cap], budget)  # [H_kv, B_l] ascending
         window = torch.arange(cap, n, device=chosen.device).expand(chosen.shape[0], w)  # [H_kv, w]

@@ -40,7 +40,7 @@ def test_peak_during_prefill_is_what_the_cascade_promises(tiny_model, method):
         logs = [s.log_preference for s in state.cascade.stats]
         stages = allocation.cascade(logs, config.evictable_total(LAYERS), n - w)
     else:
-        schedule = allocation.ALLOCATIONS[config.allocation].split(LAYERS, config.evictable_total(LAYERS), n - w)
+        schedule = allocation.ALLOCATIONS[config.allocation].split(LAYERS, config.evictable_total(LAYERS), n - w, w)
         stages = [schedule[: m + 1] for m in range(LAYERS)]
     assert stages[-1] == state.cascade.final_budgets
     expected = max(sum(b + w for b in (stages[m - 1] if m else [])) + n for m in range(LAYERS))

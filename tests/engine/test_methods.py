@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+from fractions import Fraction
+
 import pytest
 import torch
 
-from cake_cli.engine.allocation import ALLOCATIONS, pyramid, pyramid_weights, uniform
+from cake_cli.engine.allocation import ALLOCATIONS, PYRAMID_BETA, pyramid, pyramid_weights, uniform
 from cake_cli.engine.indicators import INDICATORS, smooth, token_scores, top_k_sorted
 from cake_cli.engine.methods import METHODS, label, resolve
 
@@ -64,9 +67,63 @@ def test_pyramid_is_linear_decreasing_and_sums_to_the_total():
     assert w[0] == pytest.approx(2 - 1 / 20) and w[-1] == pytest.approx(1 / 20)
     assert all(x > y for x, y in zip(w, w[1:]))
     assert sum(w) == pytest.approx(5)
-    budgets = pyramid(5, 500, 1000)
+    budgets = pyramid(5, 500, 1000, 32)
     assert sum(budgets) == 500 and budgets[0] == 195 and budgets[-1] == 5
     assert budgets == sorted(budgets, reverse=True)
+
+
+def pyramidkv_code(n: int, budget: int, window: int, layers: int) -> list[int]:
+    """Evictable tokens per layer as PyramidKV's code computes them (`PyramidKVCluster.update_kv`, with
+    max_capacity_prompt = B): integer end points and step (floored), the top clipped to n - w,
+    the SnapKV branch (every layer B - w) when n < 2 (B - w)."""
+    c = budget - window
+    if n < 2 * c:
+        return [c] * layers
+    low = c // PYRAMID_BETA
+    high = 2 * c - low
+    if high >= n - window:
+        high = n - window
+        low = 2 * c - high
+    step = (high - low) // (layers - 1)
+    return [high - layer * step for layer in range(layers)]
+
+
+def pyramid_exact(n: int, budget: int, window: int, layers: int) -> list[Fraction]:
+    """The same schedule in exact arithmetic (no flooring): what `pyramid` rounds."""
+    c = Fraction(budget - window)
+    if n < 2 * c:
+        return [c] * layers
+    low = c / PYRAMID_BETA
+    high = 2 * c - low
+    if high >= n - window:
+        high = Fraction(n - window)
+        low = 2 * c - high
+    step = (high - low) / (layers - 1)
+    return [high - layer * step for layer in range(layers)]
+
+
+def test_pyramid_follows_pyramidkvs_schedule():
+    # the real model's cases of benchmarks/runs/kvpress-parity-2026-12-05.txt (24 layers, w = 32, n = 1042)
+    real = pyramid(24, 24 * 96, 1010, 32)  # B = 128: kept 219 ... 37 with the window
+    assert (real[0], real[-1], sum(real)) == (187, 5, 24 * 96)
+    assert pyramid(24, 24 * 736, 1010, 32) == [736] * 24  # n < 2 (B - w): the code's SnapKV branch
+    assert pyramidkv_code(1042, 768, 32, 24) == [736] * 24
+    rng = random.Random(0)
+    for _ in range(2000):
+        layers, window = rng.randint(2, 40), rng.randint(1, 64)
+        budget = rng.randint(window + 1, 4096)
+        n = rng.randint(budget + 1, 40000)
+        cap, total = n - window, (budget - window) * layers
+        ours = pyramid(layers, total, cap, window)
+        exact = pyramid_exact(n, budget, window, layers)
+        code = pyramidkv_code(n, budget, window, layers)
+        assert sum(ours) == total and all(0 <= b <= cap for b in ours)
+        assert ours == sorted(ours, reverse=True)
+        assert all(abs(b - x) < 1 for b, x in zip(ours, exact)), (layers, window, budget, n)
+        # the code floors its low end and step: each layer at most 1 + l tokens off, never the other regime
+        assert all(abs(b - x) <= 1 + layer for layer, (b, x) in enumerate(zip(ours, code))), (layers, window, budget, n)
+        if n < 2 * (budget - window):  # the SnapKV branch: every layer B - w, as the code
+            assert ours == code
 
 
 def test_uniform_is_equal_and_capped():

@@ -20,6 +20,7 @@ from cake_cli.cli.progress import StderrProgress
 from cake_cli.engine.config import SamplingConfig
 from cake_cli.errors import UsageError
 from cake_cli.files import check_writable
+from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 from cake_cli.tasks.answers.completion import DEFAULT_LINES
 from cake_cli.tasks.planning import for_fields, plan
 from cake_cli.tasks.request import MIDDLE, SECTIONS, Callbacks, Plan, TaskRequest
@@ -44,6 +45,17 @@ Long = Annotated[
         "pages / characters dropped); sections reads it in context-sized sections, each prefilled on its own "
         "(summarize: the section summaries are combined; qa: the answers whose passage is found are kept, "
         "with their pages).",
+    ),
+]
+
+Abstain = Annotated[
+    str,
+    typer.Option(
+        "--abstain",
+        metavar="MODE",
+        help="When no passage of the document holds the answer (the cited passage is not found, or does not "
+        "hold the answer's words and numbers): unsupported withholds it, saying so on a line of its own (the "
+        "model's answer stays in the report and in --json as raw_answer); never shows it, flagged UNSUPPORTED.",
     ),
 ]
 
@@ -133,7 +145,14 @@ def summarize(document: o.Document = None, long: Long = MIDDLE, *, opts: TaskOpt
 
 @app.command()
 @with_options(TaskOptions)
-def qa(document: o.RequiredDocument, questions: Questions = None, long: Long = MIDDLE, *, opts: TaskOptions) -> None:
+def qa(
+    document: o.RequiredDocument,
+    questions: Questions = None,
+    long: Long = MIDDLE,
+    abstain: Abstain = DEFAULT_ABSTAIN,
+    *,
+    opts: TaskOptions,
+) -> None:
     """Answer a question about a long document (or a .cake file from `cake compress`). One question ends
     the prompt, so CAKE keeps what it needs; several (`cake qa DOC Q1 Q2`) share one prefill of the
     document, and each answer follows a numbered line naming its question. Only the document is ever
@@ -142,7 +161,8 @@ def qa(document: o.RequiredDocument, questions: Questions = None, long: Long = M
     if not asked:
         with handled():
             raise UsageError("task 'qa' needs a question", 'give it after the document, e.g. cake qa DOC "Who signed?"')
-    run_command("qa", document, {"question": asked[0]}, opts, questions=asked if len(asked) > 1 else None, long=long)
+    several = asked if len(asked) > 1 else None
+    run_command("qa", document, {"question": asked[0]}, opts, questions=several, long=long, abstain=abstain)
 
 
 @app.command()

@@ -1,0 +1,120 @@
+"""The abstention rule (`tasks.answers.abstain`): replies built so that their support is known.
+
+Each case is a reply read by the real `cite.find_support` on a small document, then decided under
+every mode; the oracle is what the reply was built to be (copied from the document, made of the
+document's words, or brought from outside it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cake_cli.bench.quality.abstention import abstention_figures, rescore
+from cake_cli.tasks.answers.abstain import (
+    ABSTAIN_MODES,
+    FOREIGN,
+    NEVER,
+    WITHHELD,
+    WITHHOLD_UNSUPPORTED,
+    counts_as_abstention,
+    decide,
+    foreign_terms,
+    shown_answer,
+)
+from cake_cli.tasks.answers.cite import find_support
+from cake_cli.tasks.results import Support
+
+DOC = (
+    "The release team freezes the archive in January. During the freeze, only fixes for release-critical "
+    "bugs are accepted. A maintainer who goes on vacation should post a message with the [VAC] tag to the "
+    "debian-private mailing list. The keyring is updated every month by the keyring maintainers, and the "
+    "key server at keyring.debian.org receives new keys."
+)
+QUESTION = "What tag does a vacation message carry?"
+
+# reply, the status find_support gives it, whether a word or number of its answer is not in DOC
+CASES = [
+    (
+        'Answer: [VAC]\nPassage: "A maintainer who goes on vacation should post a message with the [VAC] tag"',
+        "located",
+        False,
+    ),
+    ("Answer: [VAC]", "unsupported", False),  # right, but too short to locate: the document's own word
+    ("Answer: every month", "unsupported", False),  # the document's words, no passage
+    (
+        'Answer: every 3 months\nPassage: "The keyring is updated every month by the keyring maintainers"',
+        "unsupported",
+        True,
+    ),
+    ('Answer: Sam Hocevar\nPassage: "Sam Hocevar was the project leader in 2007."', "unsupported", True),
+    ("Answer: not in the document", "abstained", False),
+]
+
+
+@pytest.mark.parametrize(("reply", "status", "foreign"), CASES)
+def test_each_mode_withholds_exactly_the_answers_it_names(reply, status, foreign):
+    support = find_support(reply, DOC, query=QUESTION)[1]
+    assert support.status == status  # the reply is what it was built to be
+    withheld = {mode: decide(support, mode, DOC, QUESTION).withheld for mode in ABSTAIN_MODES}
+    assert withheld == {
+        NEVER: False,
+        FOREIGN: status == "unsupported" and foreign,
+        WITHHOLD_UNSUPPORTED: status == "unsupported",
+    }
+    for mode in ABSTAIN_MODES:
+        decided = decide(support, mode, DOC, QUESTION)
+        # the model's answer, passage and status stay as they were: only `withheld` changes
+        assert (decided.status, decided.answer, decided.passage) == (support.status, support.answer, support.passage)
+        assert counts_as_abstention(decided) == (status == "abstained" or decided.withheld)
+        assert shown_answer(decided, support.answer) == (WITHHELD if decided.withheld else support.answer)
+
+
+def test_foreign_terms_are_the_words_and_numbers_not_in_the_document():
+    assert foreign_terms("every 3 months", DOC) == ["3"]
+    assert foreign_terms("Sam Hocevar", DOC) == ["sam", "hocevar"]
+    assert foreign_terms("keyring maintainer", DOC) == []  # "maintainer": close to "maintainers", fuzzily
+    assert foreign_terms("vacation message", DOC, QUESTION) == []
+    assert foreign_terms("", DOC) == []
+    assert foreign_terms("January 2024", DOC) == ["2024"]
+
+
+def test_an_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="unknown abstention mode 'maybe'"):
+        decide(Support("unsupported", "x", ""), "maybe")
+
+
+def _row(case_id: str, task: str, prediction: str, support: str, exact: float) -> dict:
+    return dict(
+        case_id=case_id, task=task, source="doc", method="cake", budget=1024, prediction=prediction,
+        support=support, exact=exact, score=exact, abstained=support == "abstained",
+    )  # fmt: skip
+
+
+ROWS = [
+    _row("q1", "real", 'Answer: [VAC]\nPassage: "with the [VAC] tag"', "located", 1.0),  # right, located
+    _row("q2", "real", "Answer: [VAC]", "unsupported", 1.0),  # right, unsupported, the document's words
+    _row("q3", "real", "Answer: Sam Hocevar", "unsupported", 0.0),  # wrong, foreign
+    _row("q4", "real-absent", "Answer: every 3 months", "unsupported", 0.0),  # invented: withheld by both rules
+    _row("q5", "real-absent", "Answer: every month", "unsupported", 0.0),  # invented from the document's words
+    _row("q6", "real-absent", "Answer: not in the document", "abstained", 1.0),
+]
+
+
+@pytest.mark.parametrize(
+    ("mode", "right", "located", "lost", "abstained"),
+    [(NEVER, 2, 1, 0, 1), (FOREIGN, 2, 1, 1, 2), (WITHHOLD_UNSUPPORTED, 1, 1, 2, 3)],
+)
+def test_rescore_and_figures_count_the_withheld_answers(mode, right, located, lost, abstained):
+    questions = {r["case_id"]: QUESTION for r in ROWS}
+    rows = rescore(ROWS, mode, {"doc": DOC}, questions)
+    f = abstention_figures(rows, "cake", 1024)
+    assert (f.answerable, f.right, f.located, f.false_abstentions) == (3, right, located, lost)
+    assert (f.unanswerable, f.abstained) == (3, abstained)
+    assert f.exact == pytest.approx(right / 3) and f.right_abstentions == pytest.approx(abstained / 3)
+    assert f.located_share == pytest.approx(located / right)
+    assert abstention_figures(rows, "full", None).answerable == 0  # another cell: nothing
+
+
+def test_rescore_refuses_a_run_already_withheld():
+    withheld = [{**ROWS[3], "abstained": True, "exact": 1.0}]
+    with pytest.raises(ValueError, match="already withheld"):
+        rescore(withheld, WITHHOLD_UNSUPPORTED, {"doc": DOC}, {"q4": QUESTION})

@@ -32,7 +32,7 @@ from cake_cli.bench.scoring import real_scores
 from cake_cli.bench.suites import REAL_TASKS, REAL_TEMPLATE, CaseResult, RealSuite, Variant, result_key
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.replay import prefix_cache, record
-from cake_cli.tasks.answers.abstain import counts_as_abstention, decide
+from cake_cli.tasks.answers.abstain import NEVER, counts_as_abstention, decide
 from cake_cli.tasks.answers.cite import LOCATED, UNSUPPORTED, find_support
 from cake_cli.tasks.inputs.documents import page_of_offset
 from cake_cli.tasks.request import SECTIONS
@@ -269,7 +269,7 @@ def _support(case: RealCase, replies: list[str]) -> tuple[str, Support]:
 
 
 def _row(
-    case: RealCase, variant: Variant, budget, config, replies, seconds: float, recorded: float, abstain: str
+    case: RealCase, variant: Variant, budget, config, replies, seconds: float, recorded: float, abstain: str = NEVER
 ) -> CaseResult:
     """The scored row of one method's reply (a list: one reply per section with sections); an
     unsupported answer is withheld (scored as an abstention) with `abstain` "unsupported"."""

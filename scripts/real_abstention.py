@@ -1,12 +1,12 @@
 """The abstention figures of real-suite runs, each rescored under every `--abstain` mode.
 
 Each run file (`cake bench quality --suite real -o RUN.json`, scored with `--abstain never`) is
-read, its rows rescored as `--abstain foreign` and `unsupported` would score them
-(`bench.quality.abstention.rescore`: the rule is applied to the stored reply, nothing is decoded
-again), and one markdown row printed per run x mode x method x budget: exact accuracy on the
-answerable questions, right abstentions on the unanswerable ones, the share of right answers
-with a located passage and the right answers (of `never`) the rule withholds. The command line is
-printed first, so the output can be kept as a run file.
+read, its stored replies read and scored again as this code with each `--abstain` mode reads them
+(`bench.quality.abstention.rescore`: nothing is decoded again), and one markdown row printed per
+run x mode x method x budget: exact accuracy on the answerable questions, right abstentions on
+the unanswerable ones, the share of right answers with a located passage and the right answers
+(of `never`) the rule withholds. The command line is printed first, so the output can be kept as
+a run file.
 
     python scripts/real_abstention.py benchmarks/runs/abstain-base-tune.json [...] [--modes never,unsupported]
 """
@@ -38,7 +38,7 @@ def table(runs: list[Path], modes: list[str]) -> str:
     loaded = [(path, json.loads(path.read_text())) for path in runs]
     wanted = {r["source"] for _, data in loaded for r in data["rows"]}
     texts = {d.id: read_document(d).text for d in real.documents if d.id in wanted}
-    questions = {q.id: q.question for q in real.questions}
+    questions = {q.id: (q.question, q.answers) for q in real.questions}
     lines = [HEADER]
     for path, data in loaded:
         scored = data["meta"].get("abstain", NEVER)

@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cake_cli.bench.scoring import ABSTAIN_TASKS
+from cake_cli.bench.scoring import ABSTAIN_TASKS, real_scores
 from cake_cli.tasks.answers.abstain import NEVER, counts_as_abstention, decide
-from cake_cli.tasks.answers.cite import parse_cited
-from cake_cli.tasks.results import Support
+from cake_cli.tasks.answers.cite import find_support
 
 ANSWERABLE_TASKS = ("real", "real-middle")
 
@@ -67,27 +66,31 @@ def abstention_figures(rows: list[dict], method: str, budget: int | None) -> Abs
 
 
 def rescore(rows: list[dict], mode: str, documents: Mapping[str, str], questions: Mapping[str, str]) -> list[dict]:
-    """`rows` of a run scored with `--abstain never`, as `--abstain mode` would have scored them:
-    an answer the rule withholds becomes an abstention (exact 1 on an unanswerable question, 0 on
-    an answerable one); every other row is unchanged.
+    """`rows` of a run scored with `--abstain never`, as this code with `--abstain mode` would score
+    them: each stored reply is read again (`cite.find_support` on the whole document) and scored
+    (`scoring.real_scores`), an answer the rule withholds scored as an abstention.
 
     Args:
-        rows: real-suite rows (task, case_id, source, prediction, exact, score, abstained, support).
+        rows: real-suite rows (task, case_id, source, prediction, ...) of documents read whole.
         mode: an `abstain.ABSTAIN_MODES` name.
-        documents: document id -> its text (the rule "foreign" looks for the answer's words there).
-        questions: question id -> the question.
+        documents: document id -> its text.
+        questions: question id -> (the question, its gold answers).
 
     Raises:
-        ValueError: an unknown mode, or a row already withheld (the run was not scored with "never").
+        ValueError: an unknown mode; a row already withheld (the run was not scored with "never");
+            a row of a middle-cut or sectioned document (its reading needs what the model read).
     """
     out = []
     for row in rows:
         if row.get("support") == "unsupported" and row.get("abstained"):
             raise ValueError(f"{row['case_id']}: already withheld; rescore a run scored with --abstain {NEVER}")
-        support = Support(row.get("support") or "", parse_cited(row["prediction"]).answer, "")
-        decided = decide(support, mode, documents[row["source"]], questions[row["case_id"]])
-        if decided.withheld and counts_as_abstention(decided):
-            right = 1.0 if row["task"] in ABSTAIN_TASKS else 0.0
-            row = {**row, "abstained": True, "exact": right, "score": right}
-        out.append(row)
+        if row["task"] not in ("real", *ABSTAIN_TASKS) or row["task"] == "real-cut":
+            raise ValueError(f"{row['case_id']}: task {row['task']} (a cut or sectioned document) cannot be rescored")
+        question, answers = questions[row["case_id"]]
+        text = documents[row["source"]]
+        support = find_support(row["prediction"], text, query=question)[1]
+        support = decide(support, mode, text, question)
+        abstained = counts_as_abstention(support)
+        score, exact = real_scores(support.answer, abstained, answers if row["task"] == "real" else ())
+        out.append({**row, "support": support.status, "abstained": abstained, "score": score, "exact": exact})
     return out

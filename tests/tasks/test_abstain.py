@@ -38,8 +38,8 @@ CASES = [
         "located",
         False,
     ),
-    ("Answer: [VAC]", "unsupported", False),  # right, but too short to locate: the document's own word
-    ("Answer: every month", "unsupported", False),  # the document's words, no passage
+    ("Answer: [VAC]", "located", False),  # no quote, but one sentence about the question holds it
+    ("Answer: freeze month", "unsupported", False),  # the document's words, in no one sentence
     (
         'Answer: every 3 months\nPassage: "The keyring is updated every month by the keyring maintainers"',
         "unsupported",
@@ -82,21 +82,21 @@ def test_an_unknown_mode_is_refused():
         decide(Support("unsupported", "x", ""), "maybe")
 
 
-def _row(case_id: str, task: str, prediction: str, support: str, exact: float) -> dict:
-    return dict(
-        case_id=case_id, task=task, source="doc", method="cake", budget=1024, prediction=prediction,
-        support=support, exact=exact, score=exact, abstained=support == "abstained",
-    )  # fmt: skip
+def _row(case_id: str, task: str, prediction: str) -> dict:
+    # exact, support and abstained as a run scored them: rescore reads the reply again
+    return dict(case_id=case_id, task=task, source="doc", method="cake", budget=1024, prediction=prediction,
+                support="unsupported", exact=0.0, score=0.0, abstained=False)  # fmt: skip
 
 
 ROWS = [
-    _row("q1", "real", 'Answer: [VAC]\nPassage: "with the [VAC] tag"', "located", 1.0),  # right, located
-    _row("q2", "real", "Answer: [VAC]", "unsupported", 1.0),  # right, unsupported, the document's words
-    _row("q3", "real", "Answer: Sam Hocevar", "unsupported", 0.0),  # wrong, foreign
-    _row("q4", "real-absent", "Answer: every 3 months", "unsupported", 0.0),  # invented: withheld by both rules
-    _row("q5", "real-absent", "Answer: every month", "unsupported", 0.0),  # invented from the document's words
-    _row("q6", "real-absent", "Answer: not in the document", "abstained", 1.0),
+    _row("q1", "real", 'Answer: [VAC]\nPassage: "with the [VAC] tag"'),  # right, located
+    _row("q2", "real", "Answer: the VAC tag of the freeze month"),  # right, unsupported, the document's words
+    _row("q3", "real", "Answer: Sam Hocevar"),  # wrong, foreign
+    _row("q4", "real-absent", "Answer: every 3 months"),  # invented: withheld by both rules
+    _row("q5", "real-absent", "Answer: freeze month"),  # invented from the document's words
+    _row("q6", "real-absent", "Answer: not in the document"),
 ]
+GOLD = {"q1": ("[VAC]", "VAC"), "q2": ("[VAC]", "VAC"), "q3": ("[VAC]", "VAC")}
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ ROWS = [
     [(NEVER, 2, 1, 0, 1), (FOREIGN, 2, 1, 1, 2), (WITHHOLD_UNSUPPORTED, 1, 1, 2, 3)],
 )
 def test_rescore_and_figures_count_the_withheld_answers(mode, right, located, lost, abstained):
-    questions = {r["case_id"]: QUESTION for r in ROWS}
+    questions = {r["case_id"]: (QUESTION, GOLD.get(r["case_id"], ())) for r in ROWS}
     rows = rescore(ROWS, mode, {"doc": DOC}, questions)
     f = abstention_figures(rows, "cake", 1024)
     assert (f.answerable, f.right, f.located, f.false_abstentions) == (3, right, located, lost)
@@ -117,4 +117,6 @@ def test_rescore_and_figures_count_the_withheld_answers(mode, right, located, lo
 def test_rescore_refuses_a_run_already_withheld():
     withheld = [{**ROWS[3], "abstained": True, "exact": 1.0}]
     with pytest.raises(ValueError, match="already withheld"):
-        rescore(withheld, WITHHOLD_UNSUPPORTED, {"doc": DOC}, {"q4": QUESTION})
+        rescore(withheld, WITHHOLD_UNSUPPORTED, {"doc": DOC}, {"q4": (QUESTION, ())})
+    with pytest.raises(ValueError, match="cannot be rescored"):
+        rescore([{**ROWS[0], "task": "real-cut"}], NEVER, {"doc": DOC}, {"q1": (QUESTION, ())})

@@ -14,7 +14,7 @@ from pathlib import Path
 from cake_cli.engine.config import CakeConfig, SamplingConfig
 from cake_cli.engine.methods import FULL
 from cake_cli.models.profiles import Profile
-from cake_cli.tasks.answers.abstain import NEVER
+from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 from cake_cli.tasks.inputs.documents import Document
 from cake_cli.tasks.saved.fileformat import SavedCache
 from cake_cli.tasks.templates import Template
@@ -69,7 +69,7 @@ class TaskRequest:
     max_lines: int | None = None  # code answers: most lines kept (None: code.DEFAULT_LINES)
     threads: int | None = None  # torch CPU threads for prefill and decoding (None: `tasks.threads` auto)
     long: str = MIDDLE  # a document longer than the context: "middle" (cut, with a warning) or "sections"
-    abstain: str = NEVER  # qa, needle: "unsupported" withholds an answer no passage holds (answers.abstain)
+    abstain: str = DEFAULT_ABSTAIN  # qa, needle: withhold an answer no passage holds (answers.abstain)
 
 
 @dataclass

@@ -102,9 +102,9 @@ def test_a_cited_passage_is_located_with_its_offset(short_doc, forced):
 
 def test_an_answer_whose_passage_is_nowhere_is_flagged_unsupported(short_doc, forced):
     forced('Answer: Ada Lovelace\nPassage: "Ada Lovelace wrote the first Python interpreter in 1843."')
-    result = invoke("qa", short_doc, "Who created Python?", *TINY)
+    result = invoke("qa", short_doc, "Who created Python?", *TINY, "--abstain", "never")
     assert result.exit_code == 0 and "UNSUPPORTED" in result.stderr and "unsupported answer" in result.stderr
-    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json", "--quiet"))
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json", "--quiet", "--abstain", "never"))
     assert data["support"]["status"] == "unsupported" and data["location"] is None
     assert data["support"]["answer"] == "Ada Lovelace"
     assert any(w.startswith("unsupported answer") for w in data["warnings"])
@@ -165,6 +165,12 @@ def test_abstain_unsupported_withholds_an_answer_no_passage_holds(short_doc, for
     assert data["support"]["status"] == "unsupported" and data["support"]["withheld"] is True
     assert data["support"]["answer"] == "Ada Lovelace" and data["reply"] == f"{ADA}\n{verdict}"
     assert data["location"] is None
+
+
+def test_the_default_withholds_an_answer_from_outside_the_document(short_doc, forced):
+    forced(ADA)  # "Ada", "Lovelace": in no line of the document
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json"))
+    assert data["answer"] == "not supported by the document" and data["support"]["withheld"] is True
 
 
 def test_abstain_never_shows_the_unsupported_answer_flagged(short_doc, forced):

@@ -114,9 +114,8 @@ def test_rescore_and_figures_count_the_withheld_answers(mode, right, located, lo
     assert abstention_figures(rows, "full", None).answerable == 0  # another cell: nothing
 
 
-def test_rescore_refuses_a_run_already_withheld():
-    withheld = [{**ROWS[3], "abstained": True, "exact": 1.0}]
-    with pytest.raises(ValueError, match="already withheld"):
-        rescore(withheld, WITHHOLD_UNSUPPORTED, {"doc": DOC}, {"q4": (QUESTION, ())})
+def test_rescore_reads_the_reply_again_and_refuses_a_cut_document():
+    withheld = [{**ROWS[3], "abstained": True, "exact": 1.0}]  # as a run with --abstain unsupported stored it
+    assert rescore(withheld, NEVER, {"doc": DOC}, {"q4": (QUESTION, ())})[0]["exact"] == 0.0
     with pytest.raises(ValueError, match="cannot be rescored"):
         rescore([{**ROWS[0], "task": "real-cut"}], NEVER, {"doc": DOC}, {"q1": (QUESTION, ())})

@@ -5,8 +5,8 @@ A reply to a real-suite question is right, wrong, an abstention or (with `--abst
 targets ask of the default (issue 45): the exact accuracy on the answerable questions, the share
 of the unanswerable ones abstained on, and the share of the right answers that cite a located
 passage. The abstention rule is applied after the reply is read (`tasks.answers.abstain.decide`),
-so a run scored with `--abstain never` holds everything another mode needs: `rescore` applies it
-to the stored rows without decoding again.
+so a run's stored replies hold everything any mode needs: `rescore` reads and scores them again
+without decoding.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cake_cli.bench.scoring import ABSTAIN_TASKS, real_scores
-from cake_cli.tasks.answers.abstain import NEVER, counts_as_abstention, decide
+from cake_cli.tasks.answers.abstain import counts_as_abstention, decide
 from cake_cli.tasks.answers.cite import find_support
 
 ANSWERABLE_TASKS = ("real", "real-middle")
@@ -66,8 +66,8 @@ def abstention_figures(rows: list[dict], method: str, budget: int | None) -> Abs
 
 
 def rescore(rows: list[dict], mode: str, documents: Mapping[str, str], questions: Mapping[str, str]) -> list[dict]:
-    """`rows` of a run scored with `--abstain never`, as this code with `--abstain mode` would score
-    them: each stored reply is read again (`cite.find_support` on the whole document) and scored
+    """`rows` of a run (scored with any `--abstain` mode), as this code with `--abstain mode` would
+    score them: each stored reply is read again (`cite.find_support` on the whole document) and scored
     (`scoring.real_scores`), an answer the rule withholds scored as an abstention.
 
     Args:
@@ -77,13 +77,11 @@ def rescore(rows: list[dict], mode: str, documents: Mapping[str, str], questions
         questions: question id -> (the question, its gold answers).
 
     Raises:
-        ValueError: an unknown mode; a row already withheld (the run was not scored with "never");
-            a row of a middle-cut or sectioned document (its reading needs what the model read).
+        ValueError: an unknown mode; a row of a middle-cut or sectioned document (its reading needs
+            what the model read).
     """
     out = []
     for row in rows:
-        if row.get("support") == "unsupported" and row.get("abstained"):
-            raise ValueError(f"{row['case_id']}: already withheld; rescore a run scored with --abstain {NEVER}")
         if row["task"] not in ("real", *ABSTAIN_TASKS) or row["task"] == "real-cut":
             raise ValueError(f"{row['case_id']}: task {row['task']} (a cut or sectioned document) cannot be rescored")
         question, answers = questions[row["case_id"]]

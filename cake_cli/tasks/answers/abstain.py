@@ -23,7 +23,7 @@ from cake_cli.tasks.results import Support
 
 NEVER, FOREIGN, WITHHOLD_UNSUPPORTED = "never", "foreign", "unsupported"
 ABSTAIN_MODES = (NEVER, FOREIGN, WITHHOLD_UNSUPPORTED)
-DEFAULT_ABSTAIN = NEVER  # `cake qa`'s and `cake bench quality --suite real`'s default (benchmarks/real.md)
+DEFAULT_ABSTAIN = FOREIGN  # `cake qa`'s and `cake bench quality --suite real`'s default (benchmarks/real.md)
 WITHHELD = "not supported by the document"  # the answer shown in place of one no passage supports
 
 

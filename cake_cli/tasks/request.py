@@ -69,7 +69,7 @@ class TaskRequest:
     max_lines: int | None = None  # code answers: most lines kept (None: code.DEFAULT_LINES)
     threads: int | None = None  # torch CPU threads for prefill and decoding (None: `tasks.threads` auto)
     long: str = MIDDLE  # a document longer than the context: "middle" (cut, with a warning) or "sections"
-    abstain: str = DEFAULT_ABSTAIN  # qa, needle: withhold an answer no passage holds (answers.abstain)
+    abstain: str = DEFAULT_ABSTAIN  # qa: when to withhold an answer no passage holds (answers.abstain)
 
 
 @dataclass

@@ -226,7 +226,8 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
         location, support = check_support(answer, plan, cb, prep.warnings, dropped, **scope)
         reply, answer = answer, (ABSTAIN if support.status == ABSTAINED else support.answer or answer)
         asked = request.fields.get("question", request.fields.get("query", ""))
-        support = decide(support, request.abstain, plan.text, asked)
+        if request.task == "qa":  # a needle's reply is its quote: flagged, never withheld
+            support = decide(support, request.abstain, plan.text, asked)
         if support.withheld:
             reply, answer, raw_answer = withheld_reply(reply, cb), WITHHELD, answer
     return RunResult(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from cake_cli.bench.quality.abstention import abstention_figures, rescore
+from cake_cli.bench.quality.report import real_target_checks
 from cake_cli.tasks.answers.abstain import (
     ABSTAIN_MODES,
     FOREIGN,
@@ -119,3 +120,17 @@ def test_rescore_reads_the_reply_again_and_refuses_a_cut_document():
     assert rescore(withheld, NEVER, {"doc": DOC}, {"q4": (QUESTION, ())})[0]["exact"] == 0.0
     with pytest.raises(ValueError, match="cannot be rescored"):
         rescore([{**ROWS[0], "task": "real-cut"}], NEVER, {"doc": DOC}, {"q1": (QUESTION, ())})
+
+
+def test_the_real_report_checks_the_located_share_of_right_answers():
+    class NoSummary:  # no B = 256 cells: only the B = 1024 lines
+        def get(self, *args):
+            return None
+
+    questions = {r["case_id"]: (QUESTION, GOLD.get(r["case_id"], ())) for r in ROWS}
+    lines = real_target_checks(rescore(ROWS, NEVER, {"doc": DOC}, questions), NoSummary())
+    assert "FAIL B=1024: cake cites a located passage for 1 of its 2 right answers (50%; target 80%)" in lines
+    located = [{**r, "support": "located"} for r in rescore(ROWS, NEVER, {"doc": DOC}, questions)]
+    assert "PASS B=1024: cake cites a located passage for 2 of its 2 right answers (100%; target 80%)" in (
+        real_target_checks(located, NoSummary())
+    )

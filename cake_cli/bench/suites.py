@@ -19,6 +19,7 @@ from cake_cli.engine.config import ConfigError
 from cake_cli.engine.indicators import INDICATORS
 from cake_cli.engine.methods import METHODS, resolve
 from cake_cli.errors import UsageError, unknown_name
+from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 
 SPEED_METHODS = ("full", "snapkv", "pyramidkv", "cake", "cake-grow")  # `cake bench speed` (cake-grow: grow policy)
 TASKS = (*NEEDLE_TASKS, "qa")
@@ -95,6 +96,7 @@ class RealSuite:
     quick: bool = False  # two questions per document: its first answerable and first unanswerable one
     long: str = "middle"  # a document longer than the length: "middle" (cut) or "sections" (`tasks.sections`)
     subset: str | None = None  # the half of the set's split by document asked ("tune", "held-out"); None: all
+    abstain: str = DEFAULT_ABSTAIN  # an unsupported answer: "never" scored as given, "unsupported" withheld
     tasks: tuple[str, ...] = REAL_TASKS  # the row tasks (`scoring.REAL_WEIGHTS`)
     split: str = "real"
     depths: tuple[float, ...] = ()

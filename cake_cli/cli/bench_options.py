@@ -21,6 +21,7 @@ from cake_cli.engine.methods import METHODS
 from cake_cli.errors import CakeError, UsageError, unknown_name, unknown_names
 from cake_cli.models.profiles import profile_of
 from cake_cli.models.weights import check_weights
+from cake_cli.tasks.answers.abstain import ABSTAIN_MODES, DEFAULT_ABSTAIN
 from cake_cli.tasks.planning import cake_config_for
 from cake_cli.tasks.request import LONG_MODES, MIDDLE, TaskRequest
 
@@ -169,7 +170,13 @@ def suite_from(base: Suite, tasks, lengths, depths, repeats, name: str = "needle
 
 
 def real_suite_from(
-    lengths, documents, quick: bool, long: str = MIDDLE, split: str | None = None, **needle_only
+    lengths,
+    documents,
+    quick: bool,
+    long: str = MIDDLE,
+    split: str | None = None,
+    abstain: str = DEFAULT_ABSTAIN,
+    **needle_only,
 ) -> RealSuite:
     """The real-document suite from its options (`needle_only`: the needle suite's options, which
     must be left out). The set is read and checked here (cheap), the documents by the runner.
@@ -203,7 +210,9 @@ def real_suite_from(
             )
         ids = ids or half
     lengths = tuple(int_list(lengths, "--lengths")) if lengths else REAL_LENGTHS
-    return RealSuite(lengths, ids, quick, long, subset=split)
+    if abstain not in ABSTAIN_MODES:
+        raise unknown_name("--abstain mode", abstain, ABSTAIN_MODES)
+    return RealSuite(lengths, ids, quick, long, subset=split, abstain=abstain)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,10 @@ class AnswerStream:
         self.open_line = False
 
     def text(self, piece: str) -> None:
+        """Write `piece`; a piece that starts a line of its own ("\\n…") after the line was already
+        ended (a warning came between) does not leave a blank line."""
+        if not self.open_line and piece.startswith("\n"):
+            piece = piece[1:]
         sys.stdout.write(piece)
         sys.stdout.flush()
         self.open_line = True

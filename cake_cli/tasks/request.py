@@ -14,6 +14,7 @@ from pathlib import Path
 from cake_cli.engine.config import CakeConfig, SamplingConfig
 from cake_cli.engine.methods import FULL
 from cake_cli.models.profiles import Profile
+from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 from cake_cli.tasks.inputs.documents import Document
 from cake_cli.tasks.saved.fileformat import SavedCache
 from cake_cli.tasks.templates import Template
@@ -73,6 +74,7 @@ class TaskRequest:
     prefill: str = "full"  # PREFILLS: "select" runs the model over the question's tokens only (`engine.selection`)
     select_tokens: int | None = None  # --prefill select: document tokens kept (None: SELECT_FACTOR x the budget)
     select_layer: int | None = None  # --prefill select: 0-based layer whose attention picks them (None: GemFilter's)
+    abstain: str = DEFAULT_ABSTAIN  # qa: when to withhold an answer no passage holds (answers.abstain)
 
 
 @dataclass

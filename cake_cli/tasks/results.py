@@ -58,6 +58,7 @@ class Support:
     answer: str  # the short answer, without its quoted passage ("" when abstained)
     passage: str  # the passage the model quoted ("" when it quoted none: the answer itself was looked for)
     reason: str = ""  # one line: why unsupported, or what an abstention means after a middle cut
+    withheld: bool = False  # --abstain unsupported: the unsupported answer was not shown (`answers.abstain`)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from cake_cli.engine.generate import GenerationResult, decode, prefill
 from cake_cli.engine.selection import select_tokens
 from cake_cli.errors import CakeError
 from cake_cli.models.loader import LoadedModel, load_model
+from cake_cli.tasks.answers.abstain import WITHHELD, decide
 from cake_cli.tasks.answers.cite import ABSTAIN, ABSTAINED, find_support
 from cake_cli.tasks.answers.completion import DEFAULT_LINES, CodeFilter, filter_code
 from cake_cli.tasks.inputs.documents import page_of_offset, pages_of_range
@@ -226,6 +227,11 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
         scope = dict(text=plan.text, offset=plan.section[0]) if plan.section is not None else {}
         location, support = check_support(answer, plan, cb, prep.warnings, dropped, **scope)
         reply, answer = answer, (ABSTAIN if support.status == ABSTAINED else support.answer or answer)
+        asked = request.fields.get("question", request.fields.get("query", ""))
+        if request.task == "qa":  # a needle's reply is its quote: flagged, never withheld
+            support = decide(support, request.abstain, plan.text, asked)
+        if support.withheld:
+            reply, answer, raw_answer = withheld_reply(reply, cb), WITHHELD, answer
     return RunResult(
         **run_summary(prep, result),
         task=request.task,
@@ -368,6 +374,16 @@ def dropped_part(prep: Prepared) -> Dropped | None:
     tokens = prep.prompt.original_document_tokens - prep.prompt.document_tokens
     length = len(doc.text) if whole else len(plan.text)
     return Dropped(start, end, length, tokens, pages_of_range(doc, start, end) if whole else None)
+
+
+def withheld_reply(reply: str, cb: Callbacks) -> str:
+    """The reply as the user gets it when its answer is withheld (`--abstain unsupported`): the
+    model's reply (already streamed), then a line of its own saying that the document does not
+    support it."""
+    verdict = f"[{WITHHELD}: no passage of the document holds this answer; it is withheld]"
+    if cb.on_text:
+        cb.on_text("\n" + verdict)
+    return f"{reply}\n{verdict}"
 
 
 def check_support(

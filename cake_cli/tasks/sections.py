@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from cake_cli.tasks.answers.abstain import WITHHELD, decide
 from cake_cli.tasks.answers.cite import ABSTAIN, ABSTAINED, LOCATED, UNSUPPORTED
 from cake_cli.tasks.inputs.documents import Document, pages_of_range
 from cake_cli.tasks.request import Callbacks, Plan
@@ -122,7 +123,11 @@ def _kept_answers(plan: Plan, cb: Callbacks, answers, runs: list[RunResult]) -> 
         reason = "no section's answer cites a passage found in that section"
         text, location, base = first.support.answer or first.answer, None, runs[first.index - 1]
         support = Support(UNSUPPORTED, first.support.answer, first.support.passage, reason)
+        asked = plan.request.fields.get("question", "")
+        support = decide(support, plan.request.abstain, plan.text[first.start : first.end], asked)
         shown = f"the answer shown is section {first.index}'s, {_where(first)}"
+        if support.withheld:
+            text, shown = WITHHELD, f"section {first.index}'s answer, {_where(first)}, is withheld"
         cb.warn(warnings, f"unsupported answer: {reason} ({shown})")
     if cb.on_text:
         cb.on_text(text)

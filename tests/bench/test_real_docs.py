@@ -254,6 +254,16 @@ def test_rows_score_cited_replies_and_abstentions(heapq_doc):
     assert (right.score, right.exact, right.support, right.abstained) == (1.0, 1.0, "located", False)
     made_up = row("python-heapq-02", "real", 'Answer: Guido\nPassage: "Guido wrote it"')
     assert (made_up.exact, made_up.support) == (0.0, "unsupported")
+    # --abstain unsupported: an invented answer is withheld, scored as an abstention (still "unsupported")
+    case = _case(heapq_doc, "python-heapq-08", "real-absent")
+    invented = 'Answer: Guido\nPassage: "Guido wrote it"'
+    kept = _row(case, cake, 256, None, invented, 1.0, 0.5, "never")
+    withheld = _row(case, cake, 256, None, invented, 1.0, 0.5, "unsupported")
+    assert (kept.exact, kept.abstained, kept.support) == (0.0, False, "unsupported")
+    assert (withheld.exact, withheld.abstained, withheld.support) == (1.0, True, "unsupported")
+    assert withheld.prediction == invented  # the model's reply is kept as it was
+    lost = _row(_case(heapq_doc, "python-heapq-02", "real"), cake, 256, None, "Answer: Guido", 1.0, 0.5, "unsupported")
+    assert (lost.exact, lost.abstained) == (0.0, True)
     absent = row("python-heapq-08", "real-absent", "Answer: not in the document")
     assert (absent.score, absent.exact, absent.support, absent.abstained) == (1.0, 1.0, "abstained", True)
     # the passage was cut: an abstention is right, and an answer quoting the unread part is unsupported
@@ -303,7 +313,7 @@ def test_real_suite_end_to_end_then_resume(cli_env):
     rows = data["rows"]
     assert len(rows) == 2 * 3  # 2 questions (quick) x (full + cake + h2o at one budget)
     assert data["meta"]["split"] == "real" and data["meta"]["documents"] == ["python-textwrap"]
-    assert data["meta"]["subset"] == "tune"
+    assert data["meta"]["subset"] == "tune" and data["meta"]["abstain"] == "foreign"
     assert {r["task"] for r in rows} <= set(REAL_TASKS) and {r["source"] for r in rows} == {"python-textwrap"}
     assert all(r["support"] in ("located", "unsupported", "abstained") for r in rows)
     assert all(0.0 <= r["score"] <= 1.0 and r["exact"] in (0.0, 1.0) for r in rows)
@@ -338,6 +348,7 @@ def test_real_suite_with_sections(cli_env):
         (["--depths", "0.5"], "--depths apply to --suite needle only"),
         (["--tasks", "qa"], "--tasks apply to --suite needle only"),
         (["--split", "dev"], "unknown --split 'dev'"),
+        (["--abstain", "maybe"], "unknown --abstain mode 'maybe'"),
         (["--split", "held-out", "--documents", "python-shlex"], "python-shlex is not in the held-out split"),
     ],
 )

@@ -87,7 +87,13 @@ def test_a_cited_passage_is_located_with_its_offset(short_doc, forced):
     at = flat(short_doc.read_text()).index(FOUNDED)
     assert "location" in streamed.stderr and "characters" in streamed.stderr and "UNSUPPORTED" not in streamed.stderr
     data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json"))
-    assert data["support"] == {"status": "located", "answer": "Guido van Rossum", "passage": FOUNDED, "reason": ""}
+    assert data["support"] == {
+        "status": "located",
+        "answer": "Guido van Rossum",
+        "passage": FOUNDED,
+        "reason": "",
+        "withheld": False,
+    }
     assert data["answer"] == "Guido van Rossum" and data["reply"] == reply  # the short answer; the reply as streamed
     loc = data["location"]
     assert flat(loc["text"]).startswith(FOUNDED[:40]) and abs(loc["start"] - at) < 40
@@ -96,9 +102,9 @@ def test_a_cited_passage_is_located_with_its_offset(short_doc, forced):
 
 def test_an_answer_whose_passage_is_nowhere_is_flagged_unsupported(short_doc, forced):
     forced('Answer: Ada Lovelace\nPassage: "Ada Lovelace wrote the first Python interpreter in 1843."')
-    result = invoke("qa", short_doc, "Who created Python?", *TINY)
+    result = invoke("qa", short_doc, "Who created Python?", *TINY, "--abstain", "never")
     assert result.exit_code == 0 and "UNSUPPORTED" in result.stderr and "unsupported answer" in result.stderr
-    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json", "--quiet"))
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json", "--quiet", "--abstain", "never"))
     assert data["support"]["status"] == "unsupported" and data["location"] is None
     assert data["support"]["answer"] == "Ada Lovelace"
     assert any(w.startswith("unsupported answer") for w in data["warnings"])
@@ -140,6 +146,67 @@ def test_no_answer_without_a_location_or_the_flag(short_doc, forced, reply):
     data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json"))
     assert (data["support"]["status"] == "located") == (data["location"] is not None)
     assert data["support"]["status"] in ("located", "unsupported")
+
+
+# ---- --abstain: an answer no passage holds is withheld -------------------------------------
+
+ADA = 'Answer: Ada Lovelace\nPassage: "Ada Lovelace wrote the first Python interpreter in 1843."'
+
+
+def test_abstain_unsupported_withholds_an_answer_no_passage_holds(short_doc, forced):
+    forced(ADA)
+    streamed = invoke("qa", short_doc, "Who created Python?", *TINY, "--abstain", "unsupported")
+    assert streamed.exit_code == 0, streamed.stderr
+    verdict = "[not supported by the document: no passage of the document holds this answer; it is withheld]"
+    assert streamed.stdout == f"{ADA}\n{verdict}\n"  # the reply as streamed, then the verdict on its own line
+    assert "WITHHELD, not supported by the document" in flat(streamed.stderr) and "'Ada Lovelace'" in streamed.stderr
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--abstain", "unsupported", "--json"))
+    assert data["answer"] == "not supported by the document" and data["raw_answer"] == "Ada Lovelace"
+    assert data["support"]["status"] == "unsupported" and data["support"]["withheld"] is True
+    assert data["support"]["answer"] == "Ada Lovelace" and data["reply"] == f"{ADA}\n{verdict}"
+    assert data["location"] is None
+
+
+def test_the_default_withholds_an_answer_from_outside_the_document(short_doc, forced):
+    forced(ADA)  # "Ada", "Lovelace": in no line of the document
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json"))
+    assert data["answer"] == "not supported by the document" and data["support"]["withheld"] is True
+
+
+def test_abstain_never_shows_the_unsupported_answer_flagged(short_doc, forced):
+    forced(ADA)
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--abstain", "never", "--json"))
+    assert data["answer"] == "Ada Lovelace" and data["raw_answer"] is None and data["reply"] == ADA
+    assert data["support"]["status"] == "unsupported" and data["support"]["withheld"] is False
+
+
+@pytest.mark.parametrize(
+    ("reply", "withheld"),
+    [
+        (ADA, True),  # "Ada", "Lovelace": not in the document
+        ("Answer: Python", False),  # too short to locate, but the document's own word
+        (f'Answer: Guido van Rossum\nPassage: "{FOUNDED}"', False),  # located: never withheld
+    ],
+)
+def test_abstain_foreign_withholds_only_words_from_outside_the_document(short_doc, forced, reply, withheld):
+    forced(reply)
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--abstain", "foreign", "--json"))
+    assert data["support"]["withheld"] is withheld
+    assert (data["answer"] == "not supported by the document") is withheld
+
+
+def test_abstain_unsupported_with_sections(long_doc, forced):
+    forced(ADA)
+    args = ("qa", long_doc, "Who created Python?", *TINY, "--long", "sections", "--abstain", "unsupported")
+    data = as_json(invoke(*args, "--json"))
+    assert data["answer"] == "not supported by the document" and data["support"]["withheld"] is True
+    assert data["support"]["answer"] == "Ada Lovelace" and not any(s["kept"] for s in data["sections"])
+    assert any("is withheld" in w for w in data["warnings"])
+
+
+def test_an_unknown_abstain_mode_is_a_usage_error(short_doc):
+    result = invoke("qa", short_doc, "Who?", *TINY, "--abstain", "maybe")
+    assert result.exit_code == 2 and "unknown --abstain mode 'maybe'" in result.stderr and result.stdout == ""
 
 
 # ---- the middle cut names what it dropped -------------------------------------------------

@@ -91,7 +91,10 @@ def test_qa_answer_on_stdout_report_on_stderr(doc):
     assert streamed.exit_code == 0 and as_json.exit_code == 0, streamed.stderr
     data = json.loads(as_json.stdout)
     assert streamed.stdout.strip() == data["reply"], "stdout carries the reply and nothing else"
-    assert data["answer"] == data["support"]["answer"] or data["support"]["status"] == "abstained"
+    support = data["support"]
+    assert data["answer"] == support["answer"] or support["status"] == "abstained" or support["withheld"]
+    if support["withheld"]:  # a random model's reply from outside the document: the default withholds it
+        assert data["answer"] == "not supported by the document" and data["raw_answer"] == support["answer"]
     assert "CAKE report · qa" in streamed.stderr and "allocation across layers" in streamed.stderr
     assert "CAKE report" not in as_json.stderr  # --json: the report is in the JSON; progress stays on stderr
     assert "prefill: " in as_json.stderr and "prefill: " in streamed.stderr
@@ -118,7 +121,11 @@ def test_qa_json_schema_and_stdin(doc):
     ):
         assert key in data
     assert data["task"] == "qa" and data["budget"] == 64 and data["window"] == 8 and data["evicted"]
-    assert data["location"] is None and data["raw_answer"] is None
+    assert data["location"] is None  # a random model's reply: not located
+    assert data["support"]["withheld"] is (data["raw_answer"] is not None)  # the answer withheld is kept there
+    assert data["support"]["status"] in ("unsupported", "abstained") and set(data["support"]) == {
+        "status", "answer", "passage", "reason", "withheld",
+    }  # fmt: skip
     assert json.loads(via_stdin.stdout)["answer"] == data["answer"]
     assert json.loads(via_stdin.stdout)["prompt_tokens"] == data["prompt_tokens"]
 
@@ -141,7 +148,7 @@ def test_qa_usage_errors(doc):
 
 def test_a_looping_answer_stops_with_a_reason(doc, forced):
     forced("Ian M." + " M." * 30)  # what SmolLM2 answered at B = 256 for 64 tokens
-    result = invoke("qa", doc, "Who signed?", *TINY, "--json")
+    result = invoke("qa", doc, "Who signed?", *TINY, "--json", "--abstain", "never")  # the answer as given
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["stop_reason"] == "repetition" and data["generated_tokens"] < 20

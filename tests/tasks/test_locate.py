@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from cake_cli.tasks.answers.locate import THRESHOLD, candidates, content_words, locate, missing_words
+from cake_cli.tasks.answers.locate import (
+    THRESHOLD,
+    candidates,
+    content_words,
+    locate,
+    missing_words,
+    sentences,
+    supporting_sentence,
+)
 from tests.helpers.texts import license_text
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
@@ -103,3 +111,45 @@ def test_a_quote_with_a_made_up_ending_is_located_and_its_extra_words_named():
     assert location is not None and abs(location.start - at) <= 3
     assert missing_words(location.text, content_words(answer, query)) == ["beach"]
     assert locate("The best thing to do in San Francisco is to sit on the beach.", text, query=query)[0] is None
+
+
+# ---- the sentence that holds a short answer nobody quoted ------------------------------------
+
+SOURCE = (
+    '"""Text wrapping and filling.\n"""\n\n# Copyright (C) 1999-2001 Gregory P. Ward.\n'
+    "# Written by Greg Ward <gward@python.net>\n\nimport re\n\n"
+    'class TextWrapper:\n    """\n    Several instance attributes control various aspects of wrapping:\n'
+    "      width (default: 70)\n        the maximum width of wrapped lines.\n"
+    "      tabsize (default: 8)\n        Expand tabs in input text to 0 .. 'tabsize' spaces.\n"
+    "    Lines are counted from 1 in the messages.\n"
+    '    """\n'
+)
+
+
+def test_sentences_cover_prose_and_split_long_code_into_lines():
+    prose = "Hello world. This is\na test of it.\n\nNew para here! x=1\n"
+    assert [prose[a:b].strip() for a, b in sentences(prose)] == [
+        "Hello world.", "This is\na test of it.", "New para here!", "x=1",
+    ]  # fmt: skip
+    code = "\n".join(f"    value_{i} = {i}" for i in range(40))  # no sentence end: longer than MAX_SENTENCE
+    spans = sentences(code)
+    assert len(spans) == 40 and all(code[a:b].startswith("    value_") for a, b in spans)
+
+
+@pytest.mark.parametrize(
+    ("answer", "question", "holds"),
+    [
+        ("Greg Ward", "Who wrote the textwrap module?", "# Written by Greg Ward <gward@python.net>"),
+        ("70", "What is the default width of a TextWrapper?", "width (default: 70)"),
+        ("8", "What is the default tabsize?", "tabsize (default: 8)"),
+        ("1", "How many lines per second can TextWrapper wrap?", None),  # "1" is there, not about that
+        ("Sam Hocevar", "Who wrote the textwrap module?", None),  # not in the text
+        ("9", "What is the default tabsize?", None),  # the wrong number
+    ],
+)
+def test_supporting_sentence_holds_the_answer_and_is_about_the_question(answer, question, holds):
+    found = supporting_sentence(answer, SOURCE, question)
+    if holds is None:
+        assert found is None
+    else:
+        assert holds in found.text and SOURCE[found.start : found.end] == found.text

@@ -32,7 +32,8 @@ from cake_cli.bench.scoring import real_scores
 from cake_cli.bench.suites import REAL_TASKS, REAL_TEMPLATE, CaseResult, RealSuite, Variant, result_key
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.replay import prefix_cache, record
-from cake_cli.tasks.answers.cite import ABSTAINED, LOCATED, UNSUPPORTED, find_support
+from cake_cli.tasks.answers.abstain import NEVER, counts_as_abstention, decide
+from cake_cli.tasks.answers.cite import LOCATED, UNSUPPORTED, find_support
 from cake_cli.tasks.inputs.documents import page_of_offset
 from cake_cli.tasks.request import SECTIONS
 from cake_cli.tasks.results import Support
@@ -188,7 +189,7 @@ def run_real(
         for variant, budget in cells:
             config = variant.config(configs[budget]) if budget is not None else None
             key = (variant.name, budget)
-            case_rows.append(_row(case, variant, budget, config, replies[key], seconds[key], recorded))
+            case_rows.append(_row(case, variant, budget, config, replies[key], seconds[key], recorded, suite.abstain))
         rows.extend(case_rows)
         if on_case:
             on_case(case_rows)
@@ -267,10 +268,14 @@ def _support(case: RealCase, replies: list[str]) -> tuple[str, Support]:
     return found[0]
 
 
-def _row(case: RealCase, variant: Variant, budget, config, replies, seconds: float, recorded: float) -> CaseResult:
-    """The scored row of one method's reply (a list: one reply per section with sections)."""
+def _row(
+    case: RealCase, variant: Variant, budget, config, replies, seconds: float, recorded: float, abstain: str = NEVER
+) -> CaseResult:
+    """The scored row of one method's reply (a list: one reply per section with sections); an
+    unsupported answer is withheld (scored as an abstention) with `abstain` "unsupported"."""
     text, support = _support(case, [replies] if isinstance(replies, str) else list(replies))
-    abstained = support.status == ABSTAINED
+    support = decide(support, abstain, case.document.doc.text, case.question.question)
+    abstained = counts_as_abstention(support)
     score, exact = real_scores(support.answer, abstained, case.answers)
     return CaseResult(
         task=case.task,

@@ -46,6 +46,7 @@ from cake_cli.cli.bench_options import (
 )
 from cake_cli.engine.methods import METHODS
 from cake_cli.errors import UsageError, unknown_name
+from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 
 bench_app = typer.Typer(**HELP_STYLE, no_args_is_help=True, help="Benchmarks that print numbers.")
 app.add_typer(bench_app, name="bench")
@@ -104,6 +105,15 @@ def quality(
             "sections (read in sections, as `cake qa --long sections`).",
         ),
     ] = "middle",
+    abstain: Annotated[
+        str,
+        typer.Option(
+            "--abstain",
+            metavar="MODE",
+            help="--suite real: an answer no passage of the document holds is scored as `cake qa --abstain MODE` "
+            "shows it: unsupported (withheld: scored as an abstention) or never (scored as given).",
+        ),
+    ] = DEFAULT_ABSTAIN,
     tasks: Tasks = None,
     lengths: Lengths = None,
     depths: Depths = None,
@@ -156,7 +166,7 @@ def quality(
             raise UsageError("--split applies to --suite real only", "add --suite real, or leave --split out")
         if suite == "real":
             chosen = real_suite_from(
-                lengths, documents, quick, long, split, tasks=tasks, depths=depths, repeats=repeats
+                lengths, documents, quick, long, split, abstain, tasks=tasks, depths=depths, repeats=repeats
             )
         elif suite == "genres":
             if long != "middle" or documents:

@@ -20,6 +20,7 @@ from cake_cli.cli.progress import StderrProgress
 from cake_cli.engine.config import SamplingConfig
 from cake_cli.errors import UsageError, unknown_name
 from cake_cli.files import check_writable
+from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 from cake_cli.tasks.answers.completion import DEFAULT_LINES
 from cake_cli.tasks.planning import for_fields, plan
 from cake_cli.tasks.request import MIDDLE, PREFILLS, SECTIONS, Callbacks, Plan, TaskRequest
@@ -103,6 +104,19 @@ def check_prefill(prefill: str, tokens: int | None, layer: int | None, questions
         )
     if long == SECTIONS:
         raise UsageError("--prefill select reads one prompt; --long sections reads several", "leave one of them out")
+
+Abstain = Annotated[
+    str,
+    typer.Option(
+        "--abstain",
+        metavar="MODE",
+        help="When no passage of the document holds the answer (the cited passage is not found, or does not "
+        "hold the answer's words and numbers): foreign withholds it where one of its words or numbers is "
+        "nowhere in the document; unsupported withholds every such answer; a withheld answer is said so on a "
+        "line of its own (the model's answer stays in the report and in --json as raw_answer); never shows "
+        "it, flagged UNSUPPORTED.",
+    ),
+]
 
 
 def resolve_document(document: str | None) -> str:
@@ -202,6 +216,7 @@ def qa(
     prefill: PrefillMode = "full",
     select_tokens: SelectTokens = None,
     select_layer: SelectLayer = None,
+    abstain: Abstain = DEFAULT_ABSTAIN,
     *,
     opts: TaskOptions,
 ) -> None:
@@ -214,7 +229,7 @@ def qa(
         if not asked:
             raise UsageError("task 'qa' needs a question", 'give it after the document, e.g. cake qa DOC "Who signed?"')
         check_prefill(prefill, select_tokens, select_layer, len(asked), long)
-    selecting = dict(prefill=prefill, select_tokens=select_tokens, select_layer=select_layer)
+    selecting = dict(prefill=prefill, select_tokens=select_tokens, select_layer=select_layer, abstain=abstain)
     several = asked if len(asked) > 1 else None
     run_command("qa", document, {"question": asked[0]}, opts, questions=several, long=long, **selecting)
 

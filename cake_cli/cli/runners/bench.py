@@ -68,7 +68,13 @@ def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
         "repeats": suite.repeats,
         "draw": CASE_DRAW,
         **(
-            {"documents": list(suite.documents), "subset": suite.subset, "quick": suite.quick, "long": suite.long}
+            {
+                "documents": list(suite.documents),
+                "subset": suite.subset,
+                "quick": suite.quick,
+                "long": suite.long,
+                "abstain": suite.abstain,
+            }
             if isinstance(suite, RealSuite)
             else {}
         ),

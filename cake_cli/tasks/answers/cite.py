@@ -24,7 +24,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from cake_cli.tasks.answers.locate import THRESHOLD, content_words, covers, locate, missing_numbers, missing_words
+from cake_cli.tasks.answers.locate import (
+    THRESHOLD,
+    content_words,
+    covers,
+    locate,
+    missing_numbers,
+    missing_words,
+    supporting_sentence,
+)
 from cake_cli.tasks.results import Location, Support
 
 ABSTAIN = "not in the document"  # what the templates ask the model to write when it does not know
@@ -119,7 +127,8 @@ def find_support(
 
     "located": the passage (or, without one or when the quote is not found, the answer itself)
     aligns with the text, holds the answer's content words and every number the answer gives (as
-    often as it gives it); "unsupported": it does not, or the quoted passage does not hold the
+    often as it gives it), or, failing both, one sentence of the text holds them and is about the
+    question (`locate.supporting_sentence`); "unsupported": it does not, or the quoted passage does not hold the
     answer's own words, or it lies in `unread` (a part the model never read); "abstained": the
     reply says the document does not hold the answer. A located passage is at most a sentence
     (widened by at most `locate.MAX_WIDEN` characters a side).
@@ -147,6 +156,14 @@ def find_support(
         location, score = locate(cited.answer, text, page_of=pages, query=query)
         if location is not None:
             notes.append("the quoted passage is not in the document; the answer's own words are, at the location given")
+    if location is None and cited.answer:
+        # No quote found (a short answer, "Greg Ward", rarely comes with one): the sentence that holds it.
+        location = supporting_sentence(cited.answer, text, query, pages)
+        if location is not None:
+            notes.append(
+                "the model quoted no passage found in the document; the sentence that holds the answer's words is "
+                "at the location given"
+            )
     if location is None:
         reason = (
             "no passage of the document holds the answer's content (best similarity "

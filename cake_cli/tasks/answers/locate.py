@@ -160,3 +160,54 @@ def _location(text: str, start: int, end: int, score: float, page_of) -> Locatio
     percent = 100.0 * start / len(text) if text else 0.0
     page = page_of(start) if page_of is not None else None
     return Location(start, end, percent, page, score, text[start:end])
+
+
+MAX_SENTENCE = 400  # characters: a longer "sentence" (code, a table) is read line by line
+
+
+def sentences(text: str) -> list[tuple[int, int]]:
+    """The [start, end) spans of `text`'s sentences (ends: . ! ? before a space, or a blank line);
+    one longer than MAX_SENTENCE characters is split into its lines."""
+    bounds = [0, *(m.end() for m in _SENTENCE_MARK.finditer(text)), len(text)]
+    spans = []
+    for start, end in zip(bounds, bounds[1:]):
+        if end - start <= MAX_SENTENCE:
+            spans.append((start, end))
+            continue
+        at = start
+        for line in text[start:end].split("\n"):
+            spans.append((at, at + len(line)))
+            at += len(line) + 1
+    return [(a, b) for a, b in spans if text[a:b].strip()]
+
+
+def supporting_sentence(answer: str, text: str, query: str = "", page_of=None) -> Location | None:
+    """The sentence of `text` that holds the answer, when the model quoted none that is found: every
+        content word (`content_words`) and every number of `answer`, and the most of the question's own
+        content words (half of them and at least one, unless the answer has two or more content words of
+    3+ letters: "8" is placed only in a sentence about what was asked).
+
+        For a short answer ("Greg Ward", "70") that no quote backs, this is the passage a user can check
+        it against; an answer whose words are in no one sentence is not located.
+
+        Returns:
+            The Location of the best sentence (most question words, then the shortest), or None.
+    """
+    words = content_words(answer, query)
+    if not words:
+        return None
+    asked = content_words(query)
+    telling = sum(len(w) >= 3 for w in words) >= 2
+    best = None  # (question words found, -length, start, end)
+    for start, end in sentences(text):
+        piece = text[start:end]
+        if missing_words(piece, words) or missing_numbers(piece, answer):
+            continue
+        found = len(asked) - len(missing_words(piece, asked)) if asked else 0
+        if not telling and (found == 0 or 2 * found < len(asked)):  # "8": a sentence about the question
+            continue
+        key = (found, -(end - start), start, end)
+        best = key if best is None or key[:2] > best[:2] else best
+    if best is None:
+        return None
+    return _location(text, best[2], best[3], 100.0, page_of)

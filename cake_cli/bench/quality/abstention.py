@@ -1,0 +1,94 @@
+"""The real suite's abstention figures, and its rows rescored under another `--abstain` mode.
+
+A reply to a real-suite question is right, wrong, an abstention or (with `--abstain foreign` or
+`unsupported`) an answer withheld because no passage of the document holds it. What the issue's
+targets ask of the default (issue 45): the exact accuracy on the answerable questions, the share
+of the unanswerable ones abstained on, and the share of the right answers that cite a located
+passage. The abstention rule is applied after the reply is read (`tasks.answers.abstain.decide`),
+so a run's stored replies hold everything any mode needs: `rescore` reads and scores them again
+without decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cake_cli.bench.scoring import ABSTAIN_TASKS, real_scores
+from cake_cli.tasks.answers.abstain import counts_as_abstention, decide
+from cake_cli.tasks.answers.cite import find_support
+
+ANSWERABLE_TASKS = ("real", "real-middle")
+
+
+@dataclass(frozen=True)
+class AbstentionFigures:
+    """One method x budget of a real-suite run: counts of questions."""
+
+    answerable: int  # questions whose answer is in the text read
+    right: int  # of those, answered right (exact)
+    located: int  # of the right ones, citing a passage found in the document
+    false_abstentions: int  # answerable questions abstained on or withheld
+    unanswerable: int  # questions whose answer is not in the text read
+    abstained: int  # of those, abstained on or withheld (right)
+
+    @property
+    def exact(self) -> float:
+        """Exact accuracy on the answerable questions, 0-1."""
+        return self.right / self.answerable if self.answerable else 0.0
+
+    @property
+    def right_abstentions(self) -> float:
+        """Share of the unanswerable questions abstained on, 0-1."""
+        return self.abstained / self.unanswerable if self.unanswerable else 0.0
+
+    @property
+    def located_share(self) -> float:
+        """Share of the right answers whose passage is located, 0-1."""
+        return self.located / self.right if self.right else 0.0
+
+
+def abstention_figures(rows: list[dict], method: str, budget: int | None) -> AbstentionFigures:
+    """The figures of `method` at `budget` (None: the full cache) over real-suite result rows
+    (dicts with task, method, budget, exact, abstained, support)."""
+    mine = [r for r in rows if r["method"] == method and r["budget"] == budget]
+    answerable = [r for r in mine if r["task"] in ANSWERABLE_TASKS]
+    unanswerable = [r for r in mine if r["task"] in ABSTAIN_TASKS]
+    right = [r for r in answerable if r["exact"] >= 1.0]
+    return AbstentionFigures(
+        answerable=len(answerable),
+        right=len(right),
+        located=sum(r.get("support") == "located" for r in right),
+        false_abstentions=sum(bool(r.get("abstained")) for r in answerable),
+        unanswerable=len(unanswerable),
+        abstained=sum(bool(r.get("abstained")) for r in unanswerable),
+    )
+
+
+def rescore(rows: list[dict], mode: str, documents: Mapping[str, str], questions: Mapping[str, str]) -> list[dict]:
+    """`rows` of a run (scored with any `--abstain` mode), as this code with `--abstain mode` would
+    score them: each stored reply is read again (`cite.find_support` on the whole document) and scored
+    (`scoring.real_scores`), an answer the rule withholds scored as an abstention.
+
+    Args:
+        rows: real-suite rows (task, case_id, source, prediction, ...) of documents read whole.
+        mode: an `abstain.ABSTAIN_MODES` name.
+        documents: document id -> its text.
+        questions: question id -> (the question, its gold answers).
+
+    Raises:
+        ValueError: an unknown mode; a row of a middle-cut or sectioned document (its reading needs
+            what the model read).
+    """
+    out = []
+    for row in rows:
+        if row["task"] not in ("real", *ABSTAIN_TASKS) or row["task"] == "real-cut":
+            raise ValueError(f"{row['case_id']}: task {row['task']} (a cut or sectioned document) cannot be rescored")
+        question, answers = questions[row["case_id"]]
+        text = documents[row["source"]]
+        support = find_support(row["prediction"], text, query=question)[1]
+        support = decide(support, mode, text, question)
+        abstained = counts_as_abstention(support)
+        score, exact = real_scores(support.answer, abstained, answers if row["task"] == "real" else ())
+        out.append({**row, "support": support.status, "abstained": abstained, "score": score, "exact": exact})
+    return out

@@ -105,6 +105,7 @@ def check_prefill(prefill: str, tokens: int | None, layer: int | None, questions
     if long == SECTIONS:
         raise UsageError("--prefill select reads one prompt; --long sections reads several", "leave one of them out")
 
+
 Abstain = Annotated[
     str,
     typer.Option(

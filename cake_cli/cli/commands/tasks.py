@@ -230,9 +230,9 @@ def qa(
         if not asked:
             raise UsageError("task 'qa' needs a question", 'give it after the document, e.g. cake qa DOC "Who signed?"')
         check_prefill(prefill, select_tokens, select_layer, len(asked), long)
-    selecting = dict(prefill=prefill, select_tokens=select_tokens, select_layer=select_layer, abstain=abstain)
+    options = dict(prefill=prefill, select_tokens=select_tokens, select_layer=select_layer, abstain=abstain)
     several = asked if len(asked) > 1 else None
-    run_command("qa", document, {"question": asked[0]}, opts, questions=several, long=long, **selecting)
+    run_command("qa", document, {"question": asked[0]}, opts, questions=several, long=long, **options)
 
 
 @app.command()

@@ -231,7 +231,7 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
         if request.task == "qa":  # a needle's reply is its quote: flagged, never withheld
             support = decide(support, request.abstain, plan.text, asked)
         if support.withheld:
-            reply, answer, raw_answer = withheld_reply(reply, cb), WITHHELD, answer
+            reply, answer, raw_answer = withheld_reply(reply, cb, text), WITHHELD, answer
     return RunResult(
         **run_summary(prep, result),
         task=request.task,
@@ -376,13 +376,14 @@ def dropped_part(prep: Prepared) -> Dropped | None:
     return Dropped(start, end, length, tokens, pages_of_range(doc, start, end) if whole else None)
 
 
-def withheld_reply(reply: str, cb: Callbacks) -> str:
-    """The reply as the user gets it when its answer is withheld (`--abstain unsupported`): the
-    model's reply (already streamed), then a line of its own saying that the document does not
-    support it."""
+def withheld_reply(reply: str, cb: Callbacks, streamed: str) -> str:
+    """The reply as the user gets it when its answer is withheld (`--abstain`): the model's reply
+    (already streamed as `streamed`), then a line of its own saying that the document does not
+    support it. The line is streamed too, after a newline only where the stream lacks one, so that
+    what was streamed, stripped, is the returned reply."""
     verdict = f"[{WITHHELD}: no passage of the document holds this answer; it is withheld]"
     if cb.on_text:
-        cb.on_text("\n" + verdict)
+        cb.on_text(("" if streamed.endswith("\n") else "\n") + verdict)
     return f"{reply}\n{verdict}"
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cake_cli"
-BASE = {"cake_cli", "cake_cli.errors", "cake_cli.paths", "cake_cli.files"}
+BASE = {"cake_cli", "cake_cli.errors", "cake_cli.paths", "cake_cli.files", "cake_cli.cores"}
 # each layer and the layers it may import from (its own included); base modules are open to all
 ALLOWED = {
     "engine": {"engine"},

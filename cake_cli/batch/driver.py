@@ -17,8 +17,8 @@ from cake_cli.batch.output import encode_line, failure_message, line_tokens, row
 from cake_cli.batch.pool import RERUN_HINT, InlineExecutor, ProcessExecutor
 from cake_cli.batch.ray_actors import RayExecutor
 from cake_cli.batch.rows import BatchRow, key_options, row_request
+from cake_cli.cores import capped_threads, usable_cores
 from cake_cli.errors import CakeError
-from cake_cli.tasks.cores import capped_threads, usable_cores
 from cake_cli.tasks.planning import plan
 from cake_cli.tasks.request import TaskRequest
 from cake_cli.tasks.saved.request import check_global

@@ -24,8 +24,8 @@ from cake_cli.batch.output import row_line
 from cake_cli.batch.pool import RERUN_HINT, load_error
 from cake_cli.batch.rows import BatchRow
 from cake_cli.batch.worker import RowWorker
+from cake_cli.cores import usable_cores
 from cake_cli.errors import CakeError, UsageError, first_line
-from cake_cli.tasks.cores import usable_cores
 from cake_cli.tasks.request import Plan, TaskRequest
 
 LOCAL = "local"

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+from cake_cli.cores import usable_cores
 from cake_cli.models import lean_load
 from cake_cli.models.block_embedding import BlockEmbedding
 from cake_cli.models.calibration import calibration_text, input_importance
@@ -202,7 +203,7 @@ def _jobs(source: GgufTensors, plain: dict, formats: dict[str, str], origin: dic
 
 def _workers() -> int:
     """Conversion steps run at once: one per usable core, at most 4 (each holds one float32 tensor)."""
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    return min(4, usable_cores())
 
 
 def _ahead(pool: ThreadPoolExecutor, jobs: list, depth: int) -> Iterator:

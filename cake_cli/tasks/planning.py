@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from cake_cli.cores import capped_threads
 from cake_cli.engine.config import CakeConfig, ConfigError
 from cake_cli.engine.methods import FULL, label, resolve
 from cake_cli.errors import UsageError, unknown_name
@@ -23,7 +24,6 @@ from cake_cli.tasks.answers.completion import (
     context_before,
     max_new_tokens_for,
 )
-from cake_cli.tasks.cores import capped_threads
 from cake_cli.tasks.inputs.documents import load_document
 from cake_cli.tasks.request import (
     ATTENTIONS,

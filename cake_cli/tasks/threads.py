@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import torch
 
-from cake_cli.tasks.cores import usable_cores
+from cake_cli.cores import usable_cores
 
 SAMPLE_SECONDS = 0.05  # how long the idle-core sample takes
 CHECK_TOKENS = 8  # decode steps between two looks at the load

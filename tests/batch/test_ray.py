@@ -15,8 +15,8 @@ import time
 import pytest
 
 from cake_cli.batch.ray_actors import LOCAL, RayExecutor, connect, init_options, ray_slots
+from cake_cli.cores import usable_cores
 from cake_cli.errors import CakeError, UsageError
-from cake_cli.tasks.cores import usable_cores
 from cake_cli.tasks.request import TaskRequest
 from tests.helpers.batch import TINY, invoke, lines, untimed, write_docs
 

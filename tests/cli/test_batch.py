@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from fpdf import FPDF
 
-from cake_cli.tasks.cores import usable_cores
+from cake_cli.cores import usable_cores
 from tests.helpers.batch import TINY, invoke, lines, untimed, write_docs
 
 ROOT = Path(__file__).resolve().parents[2]

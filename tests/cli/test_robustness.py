@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cake_cli.cli.main import app
-from cake_cli.tasks.cores import usable_cores
+from cake_cli.cores import usable_cores
 from tests.helpers.texts import license_text
 
 runner = CliRunner()

@@ -7,8 +7,8 @@ import types
 import pytest
 import torch
 
+from cake_cli.cores import capped_threads
 from cake_cli.tasks import threads as th
-from cake_cli.tasks.cores import capped_threads
 
 
 def test_auto_uses_idle_cores_for_prefill_and_decode_start():

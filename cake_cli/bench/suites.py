@@ -197,6 +197,7 @@ class CaseResult:
     support: str | None = None  # real suite: located / unsupported / abstained (`tasks.answers.cite`)
     genre: str | None = None  # genre suite: the haystack's genre (`bench.genres`); `split` is its split
     survival: list | None = None  # --diagnose survival: [L][F] share of each fact's tokens kept (`bench.survival`)
+    kept: list | None = None  # --diagnose survival, real suite: [L] tokens each layer kept per KV head
 
     @property
     def key(self) -> tuple:

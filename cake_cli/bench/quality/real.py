@@ -21,7 +21,7 @@ question id as case id and the document id as source; an interrupted run resumes
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -30,6 +30,7 @@ from cake_cli.bench.quality.run import Model, recording_accumulates, replay_cell
 from cake_cli.bench.real_docs import OpenDocument, RealQuestion
 from cake_cli.bench.scoring import real_scores
 from cake_cli.bench.suites import REAL_TASKS, REAL_TEMPLATE, CaseResult, RealSuite, Variant, result_key
+from cake_cli.bench.survival import cache_positions, fact_survival, fact_token_spans
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.replay import prefix_cache, record
 from cake_cli.tasks.answers.abstain import NEVER, counts_as_abstention, decide
@@ -148,10 +149,13 @@ def run_real(
     done: set = frozenset(),
     on_case: Callable[[list[CaseResult]], None] | None = None,
     on_step: Callable[[str], None] | None = None,
+    diagnose: bool = False,
 ) -> list[CaseResult]:
     """Run every pending cell; one recorded prefill per (question, length), or per section with
     `suite.long` "sections". Arguments as `quality.run.run_grid`, with the opened documents
-    (`real_docs.open_documents`) for the cases."""
+    (`real_docs.open_documents`) for the cases; `diagnose` also stores, per row of a question whose
+    passage was read whole (not with sections), the survival of its gold passage and answer
+    (`evidence_spans`) and the tokens each layer kept (`bench.real_diagnosis`)."""
     if not budgets:
         raise ValueError("run_real needs at least one budget")
     configs = {b: config_for_budget(b) for b in budgets}
@@ -170,6 +174,9 @@ def run_real(
         prompts = _prompts(case)
         replies: dict = {}  # (variant name, budget) -> [reply of each section]
         seconds: dict = {}
+        seen: dict = {}  # (variant name, budget) -> (survival [L][2], kept [L]) with diagnose
+        spans = evidence_spans(model, case) if diagnose and not case.sections else None
+        inspect = partial(_inspect, spans=spans) if spans and spans[0] is not None else None
         recorded = 0.0
         for part, input_ids in enumerate(prompts, 1):
             ids = torch.tensor([list(input_ids)], device=device)  # [1, n]
@@ -179,21 +186,52 @@ def run_real(
             prefix = shared.prefix(case, part - 1) if shared is not None else None
             rec = record(model.model, ids, window, accumulate=accumulate, prefix=prefix)
             recorded += rec.seconds
-            for variant, budget, _, text, spent, _ in replay_cells(
-                model, ids, rec, cells, configs, new_tokens, label, on_step
+            for variant, budget, _, text, spent, inspected in replay_cells(
+                model, ids, rec, cells, configs, new_tokens, label, on_step, inspect
             ):
                 replies.setdefault((variant.name, budget), []).append(text)
+                seen[(variant.name, budget)] = inspected
                 seconds[(variant.name, budget)] = seconds.get((variant.name, budget), 0.0) + spent
             del rec
         case_rows = []
         for variant, budget in cells:
             config = variant.config(configs[budget]) if budget is not None else None
             key = (variant.name, budget)
-            case_rows.append(_row(case, variant, budget, config, replies[key], seconds[key], recorded, suite.abstain))
+            row = _row(case, variant, budget, config, replies[key], seconds[key], recorded, suite.abstain)
+            if seen.get(key) is not None:
+                row = replace(row, survival=seen[key][0], kept=seen[key][1])
+            case_rows.append(row)
         rows.extend(case_rows)
         if on_case:
             on_case(case_rows)
     return rows
+
+
+def evidence_spans(model: Model, case: RealCase) -> list[tuple[int, int] | None]:
+    """[passage span, answer span]: the prompt token spans [start, end) of a question's gold passage
+    (its evidence quote, where found in the document) and of the first gold answer written verbatim
+    (case-insensitive) inside it; None for a span not found (not verbatim, or outside the prompt:
+    the middle cut). Both None for a question without a passage (unanswerable, or its passage cut).
+    Spans as `survival.fact_token_spans` finds them."""
+    found = case.document.found.get(case.question.id)
+    if case.task != "real" or found is None:
+        return [None, None]
+    text = case.document.doc.text
+    low = text[found.start : found.end].lower()
+    at = next(((found.start + i, len(a)) for a in case.question.answers if (i := low.find(a.lower())) >= 0), None)
+    offsets, facts = [found.start], [text[found.start : found.end]]
+    if at is not None:
+        offsets.append(at[0])
+        facts.append(text[at[0] : at[0] + at[1]])
+    spans = fact_token_spans(model.tokenizer, list(case.input_ids), text, offsets, facts)
+    return spans + [None] * (2 - len(spans))
+
+
+def _inspect(state, spans) -> tuple[list, list[int]]:
+    """(survival [L][2] of the passage and answer, tokens kept per KV head [L]) of a replayed prefill."""
+    positions = cache_positions(state.cache)
+    kept = [0 if p is None else int(p.shape[-1]) for p in positions]
+    return fact_survival(positions, spans), kept
 
 
 def can_share(model: Model, accumulate: bool) -> bool:

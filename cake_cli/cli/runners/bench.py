@@ -47,6 +47,7 @@ from cake_cli.cli.bench_options import GridSetup, SearchGrid
 from cake_cli.cli.progress import console, stderr_console
 from cake_cli.cli.runners.bench_common import command_line, load, machine, progress_bar
 from cake_cli.cli.runners.bench_genres import genres_report, print_survival, profile_table, reference_scores
+from cake_cli.cli.runners.bench_real import diagnosis_markdown, print_real_diagnosis
 from cake_cli.files import write_atomic
 from cake_cli.models.loader import LoadedModel
 from cake_cli.tasks.runner import prompt_limit, stop_token_ids
@@ -181,6 +182,7 @@ def run_setup(title: str, setup: GridSetup, extra_meta) -> tuple[LoadedModel, di
                 done=done,
                 on_case=save,
                 on_step=step,
+                diagnose=setup.diagnose,
             )
         else:
             run_grid(
@@ -229,6 +231,7 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
         text = to_markdown(summary) + "\n" + to_markdown(exact)
         if intervals:
             text += "\n" + intervals_markdown(intervals, budgets, f"{title} · {half}")
+        text += "\n" + diagnosis_markdown(rows, names, budgets)  # '' unless the real suite ran --diagnose
         write_atomic(markdown, text, "markdown file")
     if setup.json_out:
         payload = {"meta": meta, "summary": summary.to_json(), "exact": exact.to_json(), "checks": checks}
@@ -242,6 +245,7 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
             out.print(f"[bold]{escape(heading)}[/]")
             out.print(table)
     print_survival(out, rows, names, budgets, title)
+    print_real_diagnosis(out, rows, names, budgets, title)
     if intervals:
         print_real_intervals(out, intervals, budgets, f"{title} · {half}")
     for line in checks:

@@ -13,10 +13,14 @@ method is one row here (plus its indicator or allocation if it brings a new one)
 | snapkv       | uniform    | snapkv     |
 | pyramidkv    | pyramid    | snapkv     |
 | cake         | cake       | cake       |
+| cake-chunk   | cake       | chunk      |
 | full         | (no eviction)           |
 
 `h2o` is H2O's heavy-hitter score (Zhang et al. 2023): the attention every prompt query (and, at
 decode, every generated one) paid a token, accumulated block by block (`window.accumulated_attention`).
+`cake-chunk` is not the paper's: CAKE's budgets with CAKE's indicator averaged over fixed chunks of
+`CakeConfig.chunk` consecutive positions (`indicators.chunk_means`, ChunkKV's span-level selection), so a
+layer keeps whole spans; `cake` stays the paper's method.
 
 Pure data (no torch), so the command line can check names before loading the model.
 """
@@ -38,6 +42,7 @@ METHODS: dict[str, tuple[str, str] | None] = {
     "snapkv": ("uniform", "snapkv"),
     "pyramidkv": ("pyramid", "snapkv"),
     "cake": ("cake", "cake"),
+    "cake-chunk": ("cake", "chunk"),
 }
 
 

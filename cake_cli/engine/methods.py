@@ -44,6 +44,8 @@ METHODS: dict[str, tuple[str, str] | None] = {
     "cake": ("cake", "cake"),
     "cake-chunk": ("cake", "chunk"),
 }
+BEYOND_PAPER = ("cake-chunk",)  # methods of this project, not the paper's; run by `cake bench quality` when named
+PAPER_METHODS = tuple(name for name in METHODS if name not in BEYOND_PAPER)  # `cake bench quality`'s default grid
 
 
 def resolve(method: str, allocation: str | None = None, indicator: str | None = None) -> tuple[str, str] | None:

@@ -219,10 +219,11 @@ def chunk_means(scores: torch.Tensor, positions: torch.Tensor | None, chunk: int
     need not be in position order.
 
     Every token of a chunk gets the same score and `top_k_sorted` breaks ties towards the lower index,
-    so the top-k of a row keeps whole chunks plus at most one partial chunk (the lowest-scoring kept
-    one, cut at its earliest tokens); and since the scores are fixed once computed, selecting k from a
-    kept top-k' subset (k <= k') still picks the top-k of the full row, so CAKE's cascade stays exact
-    (Thm. 1; tests/engine/test_chunk.py checks both).
+    so with the candidates in position order (as every caller passes them) the top-k of a row keeps
+    whole chunks plus at most one partial chunk (the lowest-scoring kept one, cut at its earliest
+    tokens; chunks of equal mean are taken whole, the earlier first); and since the scores are fixed
+    once computed, selecting k from a kept top-k' subset (k <= k') still picks the top-k of the full
+    row, so CAKE's cascade stays exact (Thm. 1; tests/engine/test_chunk.py checks both).
 
     Args:
         scores: [H_kv, m] float scores per KV head.

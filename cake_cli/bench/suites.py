@@ -125,6 +125,7 @@ class Variant:
     taus: tuple[float, float] | None = None  # override the profile's (tau1, tau2)
     pooling: tuple[str, int] | None = None  # override the profile's (pool kind, kernel)
     gamma: float | None = None  # override the profile's gamma (Eq. 11)
+    chunk: int | None = None  # override CakeConfig.chunk (tokens per chunk of the `chunk` indicator)
 
     def config(self, base):
         """`base` (a CakeConfig for one budget) switched to this variant; None for "full"."""
@@ -135,6 +136,8 @@ class Variant:
             config = replace(config, pool_kind=self.pooling[0], pool_kernel=self.pooling[1])
         if self.gamma is not None:
             config = replace(config, gamma=self.gamma)
+        if self.chunk is not None:
+            config = replace(config, chunk=self.chunk)
         return replace(config, tau1=self.taus[0], tau2=self.taus[1]) if self.taus else config
 
 

@@ -163,6 +163,7 @@ class CascadePrefill:
                 pool=(cfg.pool_kind, cfg.pool_kernel),
                 column_var=var,
                 accumulated=accumulated,
+                chunk=cfg.chunk,
             )  # [H_kv, n - w]
             self._cascade(cache, layer_idx)
 

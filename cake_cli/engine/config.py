@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cake_cli.engine.allocation import ALLOCATIONS, SCORE_ALLOCATIONS
-from cake_cli.engine.indicators import INDICATORS
+from cake_cli.engine.indicators import DEFAULT_CHUNK, INDICATORS
 
 DECODE_POLICIES = ("fixed", "grow")
 POOL_KINDS = ("avg", "max")
@@ -71,7 +71,11 @@ class CakeConfig:
             "cake" (preference cascade, Eq. 7-10), "uniform" or "pyramid" (docs/method.md §Baselines); or
             "global" (`allocation.SCORE_ALLOCATIONS`: KVzip's one ranking, reconstruction scoring only).
         indicator: which tokens a layer keeps, a key of `indicators.INDICATORS`: "cake"
-            (Eq. 11), "snapkv", "h2o", "tova", "streaming" (docs/method.md §Baselines). Named pairings: `methods.py`.
+            (Eq. 11), "snapkv", "h2o", "tova", "streaming", "chunk" (docs/method.md §Baselines). Named pairings:
+            `methods.py`.
+        chunk: tokens per chunk of the "chunk" indicator (CAKE's score averaged over fixed chunks of
+            consecutive positions, `indicators.chunk_means`), >= 1; default 10 as in ChunkKV (Liu et al.
+            2025). Read by that indicator only.
 
     Raises:
         ConfigError: from `validate` when a value is out of range (naming the field).
@@ -87,6 +91,7 @@ class CakeConfig:
     decode_policy: str = "fixed"
     allocation: str = "cake"
     indicator: str = "cake"
+    chunk: int = DEFAULT_CHUNK
 
     def __post_init__(self) -> None:
         self.validate()
@@ -128,6 +133,12 @@ class CakeConfig:
                 "pool_kernel",
                 f"pooling kernel must be a positive odd number (got {self.pool_kernel})",
                 "the paper uses 5",
+            )
+        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
+            raise ConfigError(
+                "chunk",
+                f"chunk must be a whole number of tokens, at least 1 (got {self.chunk!r})",
+                f"ChunkKV uses {DEFAULT_CHUNK}; 1 scores token by token (the cake indicator)",
             )
         for field, value, valid in (
             ("allocation", self.allocation, (*ALLOCATIONS, *SCORE_ALLOCATIONS)),

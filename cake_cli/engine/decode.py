@@ -23,7 +23,9 @@ from cake_cli.engine.headlengths import live_slots, pack_heads
 from cake_cli.engine.indicators import accumulates, group_mean, pooling, token_scores, top_k_sorted
 from cake_cli.engine.window import window_attention
 
-BATCHED = frozenset({"cake", "snapkv", "tova"})  # indicators `batched_victims` scores: finite scores from `a` alone
+# indicators `batched_victims` scores: finite scores from `a` alone (not `chunk`: its chunk means would mix the
+# layers laid side by side, and the trusted order reads no positions)
+BATCHED = frozenset({"cake", "snapkv", "tova"})
 
 
 class Carry(NamedTuple):
@@ -125,6 +127,7 @@ class FixedDecode:
             gamma=cfg.gamma,
             pool=(cfg.pool_kind, cfg.pool_kernel),
             accumulated=accumulated,
+            chunk=cfg.chunk,
         )  # [H_kv, m]
         if k - cap == 1 and query.shape[2] == 1:
             # lowest score; among ties the latest, as top_k_sorted keeps the earliest
@@ -189,7 +192,7 @@ class FixedDecode:
             accumulated = layer.scores[h, order[:m]].unsqueeze(0) if accumulates(cfg.indicator) else None
             scores = token_scores(
                 cfg.indicator, a_h, layer.positions[h, order[:m]].unsqueeze(0), 1, gamma=cfg.gamma,
-                pool=(cfg.pool_kind, cfg.pool_kernel), accumulated=accumulated,
+                pool=(cfg.pool_kind, cfg.pool_kernel), accumulated=accumulated, chunk=cfg.chunk,
             )[0]  # fmt: skip
             if excess == 1 and query.shape[2] == 1:
                 victims.append(order[(m - 1) - torch.argmin(scores.flip(-1))])  # lowest; among ties the latest
@@ -337,7 +340,9 @@ def batched_victims(
     by_head = order[:, None, :].expand(num_kv, group, order.shape[1])
     att = att.view(num_kv, group, -1).gather(2, by_head).view(num_kv * group, -1)  # [H or H_kv, S] in key order
     att.index_fill_(1, flat.outside, float("-inf") if pool_kind == "max" else 0.0)  # (masked_fill_: 15x longer)
-    scores = token_scores(config.indicator, att.unsqueeze(1), sorted_pos, num_kv, gamma=config.gamma, pool=pool)
+    scores = token_scores(
+        config.indicator, att.unsqueeze(1), sorted_pos, num_kv, gamma=config.gamma, pool=pool, chunk=config.chunk
+    )
     scores.index_fill_(1, flat.outside, float("inf"))
     grid = scores.new_full((num_kv, len(sizes) * flat.wmax), float("inf"))
     grid = grid.index_copy_(1, flat.dest, scores).view(num_kv, len(sizes), flat.wmax)  # [H_kv, P, wmax] reversed

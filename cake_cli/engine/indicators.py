@@ -6,7 +6,9 @@ one score per candidate (larger = keep). Most read the q most recent queries (th
 window at prefill, the new tokens at decode) and score per query head; `token_scores` then averages
 the g = H / H_kv query heads of each KV head (GQA), so each KV head keeps its own tokens. H2O reads
 the accumulated attention of *every* query the layer has run (`ACCUMULATED`), which the cache keeps
-per KV head (`window.accumulated_attention`, `cache.CakeLayer.scores`).
+per KV head (`window.accumulated_attention`, `cache.CakeLayer.scores`). `chunk` (`CHUNKED`) is
+CAKE's indicator averaged over fixed chunks of consecutive positions (`chunk_means`), so a layer keeps
+whole spans rather than scattered tokens (ChunkKV's idea under CAKE's budgets).
 `INDICATORS` maps each name to its function: adding an indicator is one function and one row.
 
 This module calls tensor methods only (it never imports torch), so the CLI can list and check
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
 
 SINK_TOKENS = 4  # StreamingLLM's attention sinks
 SNAPKV_POOL = ("max", 7)  # SnapKV's smoothing (docs/method.md §Pooling)
+DEFAULT_CHUNK = 10  # tokens per chunk of the `chunk` indicator (ChunkKV's default, Liu et al. 2025)
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,13 @@ def tova(x: Attention) -> torch.Tensor:
     return x.a[:, -1, :]
 
 
+def chunk(x: Attention) -> torch.Tensor:
+    """Span-level CAKE (ChunkKV's selection, Liu et al. 2025): per query head it is CAKE's score (Eq. 11);
+    `token_scores` pools and group-averages it as CAKE's, then replaces each candidate's score by the
+    mean over its chunk of positions (`chunk_means`)."""
+    return cake(x)
+
+
 def streaming(x: Attention) -> torch.Tensor:
     """StreamingLLM: the first SINK_TOKENS positions (infinite score), then recency (the position)."""
     pos = x.positions.float()
@@ -195,14 +205,61 @@ INDICATORS: dict[str, Callable[[Attention], torch.Tensor]] = {  # [H, m] per que
     "h2o": h2o,
     "tova": tova,
     "streaming": streaming,
+    "chunk": chunk,
 }
 ACCUMULATED = frozenset({"h2o"})  # indicators that read `Attention.accumulated` (already averaged per KV head)
+CHUNKED = frozenset({"chunk"})  # indicators whose [H_kv, m] scores `token_scores` averages per chunk (`chunk_means`)
+
+
+def chunk_means(scores: torch.Tensor, positions: torch.Tensor | None, chunk: int) -> torch.Tensor:
+    """Each candidate's score replaced by the mean score of its chunk: the candidates of the same KV head
+    whose positions share `position // chunk` (fixed chunks of `chunk` consecutive positions, aligned on
+    position 0, so at prefill, where the candidates are positions 0..m-1, chunks are aligned on the prompt).
+    A chunk some of whose tokens were evicted (decode) is averaged over the tokens still held. Candidates
+    need not be in position order.
+
+    Every token of a chunk gets the same score and `top_k_sorted` breaks ties towards the lower index,
+    so with the candidates in position order (as every caller passes them) the top-k of a row keeps
+    whole chunks plus at most one partial chunk (the lowest-scoring kept one, cut at its earliest
+    tokens; chunks of equal mean are taken whole, the earlier first); and since the scores are fixed
+    once computed, selecting k from a kept top-k' subset (k <= k') still picks the top-k of the full
+    row, so CAKE's cascade stays exact (Thm. 1; tests/engine/test_chunk.py checks both).
+
+    Args:
+        scores: [H_kv, m] float scores per KV head.
+        positions: [H_kv, m] int64 true positions of the candidates; None: the candidate index 0..m-1
+            stands for the position (candidates in position order with no gap, as at prefill).
+        chunk: tokens per chunk, >= 1 (1: the scores unchanged, bit for bit).
+
+    Returns:
+        [H_kv, m] float scores, equal within a chunk.
+
+    Raises:
+        ValueError: chunk < 1.
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1 token (got {chunk})")
+    if chunk == 1:
+        return scores
+    num_kv, m = scores.shape
+    if positions is None:
+        positions = scores.new_ones((num_kv, m)).long().cumsum(dim=-1) - 1  # [H_kv, m]: 0 .. m - 1
+    ids = positions.div(chunk, rounding_mode="floor")  # [H_kv, m] chunk of each candidate
+    # dense chunk numbers per row (row-offset ids made distinct across rows, then ranked): the buffer the
+    # means land in is then at most m wide whatever the positions (decode reaches 10^5)
+    span = ids.max() - ids.min() + 1
+    rows = scores.new_ones((num_kv, 1)).long().cumsum(dim=0) - 1  # [H_kv, 1]: 0 .. H_kv - 1
+    _, dense = (ids - ids.min() + rows * span).flatten().unique(return_inverse=True)  # [H_kv·m]
+    sums = scores.new_zeros(num_kv * m).scatter_add_(0, dense, scores.flatten())  # [≤ H_kv·m]
+    counts = scores.new_zeros(num_kv * m).scatter_add_(0, dense, scores.new_ones(num_kv * m))
+    return (sums / counts.clamp(min=1)).gather(0, dense).view(num_kv, m)  # [H_kv, m]
 
 
 def pooling(kind: str, pool: tuple[str, int]) -> tuple[str, int]:
     """The (kind, kernel) smoothing `token_scores` applies to indicator `kind`: CAKE's profile
-    setting `pool`, SnapKV's own (max, 7), none (kernel 1) for the others (docs/method.md §Pooling)."""
-    return {"cake": pool, "snapkv": SNAPKV_POOL}.get(kind, ("avg", 1))
+    setting `pool` (also for `chunk`, CAKE's score before its chunk means), SnapKV's own (max, 7), none
+    (kernel 1) for the others (docs/method.md §Pooling)."""
+    return {"cake": pool, "chunk": pool, "snapkv": SNAPKV_POOL}.get(kind, ("avg", 1))
 
 
 def accumulates(indicator: str | None) -> bool:
@@ -220,24 +277,31 @@ def token_scores(
     pool: tuple[str, int],
     column_var: torch.Tensor | None = None,
     accumulated: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Eviction indicator `kind` of the candidate tokens of one layer, per KV head; larger = keep:
     the indicator per query head, pooled along tokens (`pooling`), averaged over each KV head's g
-    query heads (docs/method.md §Pooling, §GQA); an ACCUMULATED indicator as it is.
+    query heads (docs/method.md §Pooling, §GQA); an ACCUMULATED indicator as it is; a CHUNKED one
+    then averaged over its chunks of `chunk` positions (`chunk_means`).
 
     Args:
         kind: a key of INDICATORS.
-        a, positions, gamma, pool, column_var, accumulated: see `Attention`.
+        a, positions, gamma, pool, column_var, accumulated: see `Attention` (`chunk` reads `positions`;
+            None: the candidates' index order stands for their positions).
         num_kv_heads: H_kv; per-query-head scores are averaged over each KV head's group.
+        chunk: tokens per chunk (`CakeConfig.chunk`), required by the CHUNKED indicators, unread by the others.
 
     Returns:
         [H_kv, m] float32 scores.
 
     Raises:
-        ValueError: unknown indicator, or an ACCUMULATED one without `accumulated`.
+        ValueError: unknown indicator, an ACCUMULATED one without `accumulated`, a CHUNKED one without
+            `chunk` or with chunk < 1.
     """
     if kind not in INDICATORS:
         raise ValueError(f"unknown indicator {kind!r}; choose one of {', '.join(INDICATORS)}")
+    if kind in CHUNKED and chunk is None:
+        raise ValueError(f"the {kind} indicator needs the chunk size: pass chunk=config.chunk")
     scores = INDICATORS[kind](Attention(a, positions, gamma, pool, column_var, accumulated))
     if kind in ACCUMULATED:
         return scores  # [H_kv, m]
@@ -245,5 +309,7 @@ def token_scores(
     if pool_kind == "avg":
         # average pooling (zero padding counted) and the group mean are both linear, so they commute:
         # the mean first pools H_kv rows instead of H (the same scores up to float rounding)
-        return smooth(group_mean(scores, num_kv_heads), pool_kind, kernel)  # [H_kv, m]
-    return group_mean(smooth(scores, pool_kind, kernel), num_kv_heads)  # [H_kv, m]
+        scores = smooth(group_mean(scores, num_kv_heads), pool_kind, kernel)  # [H_kv, m]
+    else:
+        scores = group_mean(smooth(scores, pool_kind, kernel), num_kv_heads)  # [H_kv, m]
+    return chunk_means(scores, positions, chunk) if kind in CHUNKED else scores  # [H_kv, m]

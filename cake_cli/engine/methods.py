@@ -13,10 +13,14 @@ method is one row here (plus its indicator or allocation if it brings a new one)
 | snapkv       | uniform    | snapkv     |
 | pyramidkv    | pyramid    | snapkv     |
 | cake         | cake       | cake       |
+| cake-chunk   | cake       | chunk      |
 | full         | (no eviction)           |
 
 `h2o` is H2O's heavy-hitter score (Zhang et al. 2023): the attention every prompt query (and, at
 decode, every generated one) paid a token, accumulated block by block (`window.accumulated_attention`).
+`cake-chunk` is not the paper's: CAKE's budgets with CAKE's indicator averaged over fixed chunks of
+`CakeConfig.chunk` consecutive positions (`indicators.chunk_means`, ChunkKV's span-level selection), so a
+layer keeps whole spans; `cake` stays the paper's method.
 
 Pure data (no torch), so the command line can check names before loading the model.
 """
@@ -38,7 +42,10 @@ METHODS: dict[str, tuple[str, str] | None] = {
     "snapkv": ("uniform", "snapkv"),
     "pyramidkv": ("pyramid", "snapkv"),
     "cake": ("cake", "cake"),
+    "cake-chunk": ("cake", "chunk"),
 }
+BEYOND_PAPER = ("cake-chunk",)  # methods of this project, not the paper's; run by `cake bench quality` when named
+PAPER_METHODS = tuple(name for name in METHODS if name not in BEYOND_PAPER)  # `cake bench quality`'s default grid
 
 
 def resolve(method: str, allocation: str | None = None, indicator: str | None = None) -> tuple[str, str] | None:

@@ -3,7 +3,8 @@
 It keeps the full cache and hides evicted (layer, KV head, token) entries from attention with a
 mask. Every quantity is computed from its definition with explicit loops (per head, per token),
 independently of the fast path: window attention, H_l, V_l, the indicator with pooling, GQA
-averaging, one-shot top-k with the final budgets, and the `fixed` decode policy. Only the
+averaging (then, for the `chunk` indicator, the mean over each chunk of `config.chunk` positions),
+one-shot top-k with the final budgets, and the `fixed` decode policy. Only the
 integer budget rounding is shared with the engine (tested on its own in test_allocation).
 
 What each attention module hands its attention function is honoured as written: `scaling`,
@@ -44,6 +45,15 @@ def _pool(xs: list[float], kind: str, kernel: int) -> list[float]:
     for j in range(len(xs)):
         window = [xs[i] for i in range(j - half, j + half + 1) if 0 <= i < len(xs)]
         out.append(sum(window) / kernel if kind == "avg" else max(window))
+    return out
+
+
+def chunk_means(scores: list[float], positions: list[int], chunk: int) -> list[float]:
+    """Each score replaced by the mean of the scores whose position shares its `position // chunk`."""
+    out = []
+    for p in positions:
+        members = [s for s, q in zip(scores, positions) if q // chunk == p // chunk]
+        out.append(sum(members) / len(members))
     return out
 
 
@@ -122,9 +132,10 @@ class MaskedReference:
             math.log(h_l) / cfg.tau1 + math.log(v_l) / cfg.tau2 if h_l > 0 and v_l > 0 else float("-inf")
         )
         self.indicators[layer] = [
-            [sum(per_head[kv * group + r][j] for r in range(group)) / group for j in range(n - w)]
+            self._chunked([sum(per_head[kv * group + r][j] for r in range(group)) / group for j in range(n - w)],
+                          list(range(n - w)))
             for kv in range(self.num_kv)
-        ]
+        ]  # fmt: skip
 
     def _finish_prefill(self, n):
         cfg, w = self.config, self.config.window
@@ -160,10 +171,14 @@ class MaskedReference:
                 rows = self._probs(layer, query, key, vis, kv * group + r)
                 mean = [sum(rows[i][j] for i in range(len(rows))) / len(rows) for j in candidates]
                 pooled.append(_pool(mean, cfg.pool_kind, cfg.pool_kernel))
-            scores = [sum(p[c] for p in pooled) / group for c in range(len(candidates))]
+            scores = self._chunked([sum(p[c] for p in pooled) / group for c in range(len(candidates))], candidates)
             keep = _top(scores, cap - w)
             for c, j in enumerate(candidates):
                 vis[kv][j] = c in keep
+
+    def _chunked(self, scores: list[float], positions: list[int]) -> list[float]:
+        """The `chunk` indicator's chunk means over the scores of one KV head; other indicators unchanged."""
+        return chunk_means(scores, positions, self.config.chunk) if self.config.indicator == "chunk" else scores
 
     # -- attention function --------------------------------------------------------------
     def attention(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -290,7 +290,7 @@ def uses_taus(config) -> bool:
 
 def kept_key(state, config) -> tuple:
     """What determines a greedy answer after prefill: the tokens each layer kept (positions of
-    every KV head) and the settings the decode policy reads (indicator, pooling, gamma, window,
+    every KV head) and the settings the decode policy reads (indicator, pooling, gamma, chunk, window,
     and the budget, which sets the decode capacity when nothing was evicted)."""
     kept = tuple(hash(layer.positions.cpu().numpy().tobytes()) for layer in state.cache.layers)
     settings = (
@@ -301,6 +301,7 @@ def kept_key(state, config) -> tuple:
             config.gamma,
             config.pool_kind,
             config.pool_kernel,
+            config.chunk,
             config.window,
             config.decode_policy,
             config.budget,

@@ -44,7 +44,7 @@ from cake_cli.cli.bench_options import (
     search_grid,
     suite_from,
 )
-from cake_cli.engine.methods import METHODS
+from cake_cli.engine.methods import PAPER_METHODS
 from cake_cli.errors import UsageError, unknown_name
 from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 
@@ -56,7 +56,7 @@ app.add_typer(bench_app, name="bench")
 def quality(
     model: o.Model = None,
     window: o.Window = None,
-    methods: Methods = ",".join(METHODS),
+    methods: Methods = ",".join(PAPER_METHODS),
     pairings: Pairings = "",
     budgets: Annotated[
         str | None,

@@ -1,0 +1,94 @@
+"""Merge real-suite run files into one, so that `cake bench quality --suite real -o MERGED.json`
+prints the tables of the whole set from runs made in parts (documents run apart, methods added
+later, one model's short and long documents).
+
+Every file must be of the same model, dtype, weights, window and `--long` mode. A file scored with
+another `--abstain` mode than `--abstain` (or before the mode was stored: `never`) is rescored as
+this code reads it with that mode (`bench.quality.abstention.rescore`: nothing is decoded again;
+refused for a middle-cut document's rows, whose reading needs what the model read). Where two files
+hold the same cell (task, question, length, method, budget), the later file's row is kept and the
+two replies are compared: the count of differing replies is printed (a rerun of the same code
+should differ nowhere). The merged meta names the documents of all files and the source files.
+
+    python scripts/real_merge.py A.json B.json [...] -o MERGED.json [--abstain foreign]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from cake_cli.bench.quality.abstention import rescore
+from cake_cli.bench.quality.report import META_MUST_MATCH, row_key
+from cake_cli.bench.real_docs import load_set, read_document
+from cake_cli.files import write_atomic
+from cake_cli.tasks.answers.abstain import ABSTAIN_MODES, DEFAULT_ABSTAIN, NEVER
+
+
+def merge(paths: list[Path], mode: str) -> tuple[dict, list[str]]:
+    """(the merged results file as a dict, report lines). Raises SystemExit on files that differ
+    in a setting of META_MUST_MATCH."""
+    real = load_set()
+    questions = {q.id: (q.question, q.answers) for q in real.questions}
+    loaded = [(p, json.loads(p.read_text())) for p in paths]
+    first = loaded[0][1]["meta"]
+    rows: dict[tuple, dict] = {}
+    lines, documents = [], []
+    for path, data in loaded:
+        meta = data["meta"]
+        for key in META_MUST_MATCH:
+            if meta.get(key) != first.get(key):
+                sys.exit(
+                    f"error: {path} has {key} = {meta.get(key)!r}, {paths[0]} {first.get(key)!r} — merge like runs only"
+                )
+        file_rows = data["rows"]
+        if meta.get("abstain", NEVER) != mode:
+            wanted = {r["source"] for r in file_rows}
+            texts = {d.id: read_document(d).text for d in real.documents if d.id in wanted}
+            try:
+                file_rows = rescore(file_rows, mode, texts, questions)
+            except ValueError as exc:
+                sys.exit(f"error: {path}: {exc} — rerun it with --abstain {mode}")
+            lines.append(f"{path.name}: {len(file_rows)} rows rescored from --abstain {meta.get('abstain', NEVER)}")
+        differ = same = 0
+        for r in file_rows:
+            key = row_key(r)
+            if key in rows:
+                if rows[key]["prediction"] == r["prediction"]:
+                    same += 1
+                else:
+                    differ += 1
+            rows[key] = r
+        lines.append(
+            f"{path.name}: {len(file_rows)} rows; cells also in an earlier file: {same} same reply, {differ} other"
+        )
+        documents += [d for d in meta.get("documents", []) if d not in documents]
+    meta = {**first, "documents": documents, "abstain": mode, "merged_from": [str(p) for p in paths]}
+    meta["command"] = f"python scripts/real_merge.py {' '.join(map(str, paths))} --abstain {mode}"
+    return {
+        "format": loaded[0][1]["format"],
+        "version": loaded[0][1]["version"],
+        "meta": meta,
+        "rows": list(rows.values()),
+    }, lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="real-suite run files")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the merged results file (written atomically)")
+    parser.add_argument(
+        "--abstain", default=DEFAULT_ABSTAIN, choices=ABSTAIN_MODES, help="score every row with this mode"
+    )
+    args = parser.parse_args()
+    merged, lines = merge(args.runs, args.abstain)
+    write_atomic(args.output, json.dumps(merged, indent=1) + "\n", "merged results file")
+    print(f"$ python scripts/real_merge.py {' '.join(sys.argv[1:])}")
+    print("\n".join(lines))
+    print(f"{len(merged['rows'])} rows on {len(merged['meta']['documents'])} documents -> {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -17,7 +17,7 @@ from cake_cli.bench.splits import case_id, check_split
 from cake_cli.engine.allocation import ALLOCATIONS, SCORE_ALLOCATIONS
 from cake_cli.engine.config import ConfigError
 from cake_cli.engine.indicators import INDICATORS
-from cake_cli.engine.methods import METHODS, resolve
+from cake_cli.engine.methods import METHODS, QUESTION_METHODS, resolve
 from cake_cli.errors import UsageError, unknown_name
 from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 
@@ -116,7 +116,8 @@ class Variant:
     """A method to benchmark: a named method, or an allocation+indicator pairing, optional taus
     and indicator settings (the profile search, `bench.tau_search`).
 
-    `allocation` is None for "full" (no eviction).
+    `allocation` is None for "full" (no eviction). `question_window`: the prefill scores with the
+    question's window rows only (`engine.methods.QUESTION_METHODS`), a count each case gives `config`.
     """
 
     name: str
@@ -126,12 +127,17 @@ class Variant:
     pooling: tuple[str, int] | None = None  # override the profile's (pool kind, kernel)
     gamma: float | None = None  # override the profile's gamma (Eq. 11)
     chunk: int | None = None  # override CakeConfig.chunk (tokens per chunk of the `chunk` indicator)
+    question_window: bool = False  # score with the question's rows (CakeConfig.score_rows = question_rows)
 
-    def config(self, base):
-        """`base` (a CakeConfig for one budget) switched to this variant; None for "full"."""
+    def config(self, base, question_rows: int | None = None):
+        """`base` (a CakeConfig for one budget) switched to this variant; None for "full". With
+        `question_window`, `question_rows` (the prompt's tokens from the question on,
+        `tasks.question_window.question_rows`) becomes its `score_rows` when given."""
         if self.allocation is None:
             return None
         config = replace(base, allocation=self.allocation, indicator=self.indicator)
+        if self.question_window and question_rows is not None:
+            config = replace(config, score_rows=question_rows)
         if self.pooling:
             config = replace(config, pool_kind=self.pooling[0], pool_kernel=self.pooling[1])
         if self.gamma is not None:
@@ -152,8 +158,11 @@ def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
         for name in (m.strip() for m in text.split(",")):
             if not name:
                 continue
+            if option == "--methods" and name in QUESTION_METHODS:
+                out.append(Variant(name, *resolve(QUESTION_METHODS[name]), question_window=True))
+                continue
             if option == "--methods" and name not in METHODS:
-                raise unknown_name("method", name, METHODS)
+                raise unknown_name("method", name, [*METHODS, *QUESTION_METHODS])
             try:
                 if option == "--pairings" and "+" not in name:
                     raise ConfigError("method", "not allocation+indicator")

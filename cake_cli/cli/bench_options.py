@@ -17,7 +17,7 @@ from cake_cli.bench.suites import REAL_LENGTHS, SUITES, TASKS, RealSuite, Suite,
 from cake_cli.bench.tau_search import profile_variants, tau_variants
 from cake_cli.cli import options as o
 from cake_cli.engine.config import POOL_KINDS, CakeConfig
-from cake_cli.engine.methods import METHODS
+from cake_cli.engine.methods import METHODS, QUESTION_METHODS
 from cake_cli.errors import CakeError, UsageError, unknown_name, unknown_names
 from cake_cli.models.profiles import profile_of
 from cake_cli.models.weights import check_weights
@@ -27,7 +27,10 @@ from cake_cli.tasks.request import LONG_MODES, MIDDLE, TaskRequest
 
 Methods = Annotated[
     str,
-    typer.Option(metavar="LIST", help=f"Comma-separated methods: {', '.join(METHODS)}."),
+    typer.Option(
+        metavar="LIST",
+        help=f"Comma-separated methods: {', '.join([*METHODS, *QUESTION_METHODS])} (cake-qwin: --suite real only).",
+    ),
 ]
 Pairings = Annotated[
     str,

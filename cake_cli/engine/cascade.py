@@ -129,6 +129,9 @@ class CascadePrefill:
     def observe(self, cache, layer_idx: int, a: torch.Tensor | None, num_kv: int) -> None:
         """Statistics (Eqs. 3-7), indicator (Eq. 11 or a baseline's) and cascade step for one layer.
 
+        The statistics and the indicator read the last `config.scoring_rows` rows of `a` (all w unless
+        `CakeConfig.score_rows` is set); the live prefill and `replay.replay` both come through here.
+
         Args:
             cache: the CakeCache being filled (layers 0..layer_idx hold their tokens).
             a: [H, w, n] float32 window attention of this layer, or None when n <= w.
@@ -140,7 +143,7 @@ class CascadePrefill:
         if a is None or self.windows[layer_idx] is not None:
             return
         cfg = self.config
-        a_ev = a[:, :, : self.cap]  # [H, w, n - w], not renormalised
+        a_ev = a[:, -cfg.scoring_rows :, : self.cap]  # [H, r, n - w], r = w unless score_rows; not renormalised
         var = None
         if self.collect_stats:
             var = variance_rows(a_ev)  # [H, n - w], shared by V_l (Eqs. 5-6) and the indicator (Eq. 11)

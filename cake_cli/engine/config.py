@@ -76,6 +76,13 @@ class CakeConfig:
         chunk: tokens per chunk of the "chunk" indicator (CAKE's score averaged over fixed chunks of
             consecutive positions, `indicators.chunk_means`), >= 1; default 10 as in ChunkKV (Liu et al.
             2025). Read by that indicator only.
+        score_rows: r, how many of the observation window's query rows score the prompt at prefill, >= 0.
+            When > 0 the eviction indicator and the layer statistics (dispersion and shift, hence the
+            preference and CAKE's allocation, Eqs. 5-8) read only the last min(r, w) rows of the window
+            attention [H, w, n] (e.g. the question's tokens and the chat template's closing, not the fixed
+            instruction before them); the w window tokens are still all kept and the budgets are unchanged.
+            0 (the default) = all w rows, the paper's method. Decode scores with its one new query row
+            and is unaffected; reconstruction scoring (`engine.reconstruct`) does not read it.
 
     Raises:
         ConfigError: from `validate` when a value is out of range (naming the field).
@@ -92,6 +99,7 @@ class CakeConfig:
     allocation: str = "cake"
     indicator: str = "cake"
     chunk: int = DEFAULT_CHUNK
+    score_rows: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -140,6 +148,12 @@ class CakeConfig:
                 f"chunk must be a whole number of tokens, at least 1 (got {self.chunk!r})",
                 f"ChunkKV uses {DEFAULT_CHUNK}; 1 scores token by token (the cake indicator)",
             )
+        if isinstance(self.score_rows, bool) or not isinstance(self.score_rows, int) or self.score_rows < 0:
+            raise ConfigError(
+                "score_rows",
+                f"score_rows must be a whole number of window rows, at least 0 (got {self.score_rows!r})",
+                "0 scores with all w window rows (the paper's method)",
+            )
         for field, value, valid in (
             ("allocation", self.allocation, (*ALLOCATIONS, *SCORE_ALLOCATIONS)),
             ("indicator", self.indicator, INDICATORS),
@@ -148,6 +162,11 @@ class CakeConfig:
             if value not in valid:
                 what = field.replace("_", " ")
                 raise ConfigError(field, f"unknown {what} '{value}'", f"choose one of {', '.join(valid)}", value, valid)
+
+    @property
+    def scoring_rows(self) -> int:
+        """The observation window's query rows that score the prompt at prefill: min(score_rows, w), or w when 0."""
+        return min(self.score_rows, self.window) if self.score_rows > 0 else self.window
 
     def evictable_total(self, num_layers: int) -> int:
         """B_total = (B - w) · L evictable cache slots over `num_layers` scored layers (the global ones), in tokens

@@ -14,13 +14,17 @@ method is one row here (plus its indicator or allocation if it brings a new one)
 | pyramidkv    | pyramid    | snapkv     |
 | cake         | cake       | cake       |
 | cake-chunk   | cake       | chunk      |
+| cake-qwin    | cake       | cake       | (+ the question's rows score, `QUESTION_METHODS`)
 | full         | (no eviction)           |
 
 `h2o` is H2O's heavy-hitter score (Zhang et al. 2023): the attention every prompt query (and, at
 decode, every generated one) paid a token, accumulated block by block (`window.accumulated_attention`).
 `cake-chunk` is not the paper's: CAKE's budgets with CAKE's indicator averaged over fixed chunks of
 `CakeConfig.chunk` consecutive positions (`indicators.chunk_means`, ChunkKV's span-level selection), so a
-layer keeps whole spans; `cake` stays the paper's method.
+layer keeps whole spans; `cake` stays the paper's method. `cake-qwin` (not the paper's either, and not a
+METHODS key: `QUESTION_METHODS`) is CAKE scored with only the observation window's rows from the question's
+first token on (`CakeConfig.score_rows`, set per prompt by whoever knows the question: `cake bench quality
+--suite real`).
 
 Pure data (no torch), so the command line can check names before loading the model.
 """
@@ -44,6 +48,8 @@ METHODS: dict[str, tuple[str, str] | None] = {
     "cake": ("cake", "cake"),
     "cake-chunk": ("cake", "chunk"),
 }
+QUESTION_METHODS: dict[str, str] = {"cake-qwin": "cake"}  # name -> the METHODS entry it runs, its prefill
+# scored with the question's window rows only (`CakeConfig.score_rows`, per prompt; `tasks.question_window`)
 BEYOND_PAPER = ("cake-chunk",)  # methods of this project, not the paper's; run by `cake bench quality` when named
 PAPER_METHODS = tuple(name for name in METHODS if name not in BEYOND_PAPER)  # `cake bench quality`'s default grid
 

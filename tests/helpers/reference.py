@@ -120,12 +120,13 @@ class MaskedReference:
         group = self.num_heads // self.num_kv
         h_l = v_l = 0.0
         per_head = []
+        r = min(cfg.score_rows, w) if cfg.score_rows > 0 else w  # the window's last r rows score (score_rows)
         for head in range(self.num_heads):
-            rows = self._probs(layer, query[:, :, -w:], key, self.visible[layer], head)  # [w][n]
-            cols = [[rows[i][j] for i in range(w)] for j in range(n - w)]
+            rows = self._probs(layer, query[:, :, -r:], key, self.visible[layer], head)  # [r][n]
+            cols = [[rows[i][j] for i in range(r)] for j in range(n - w)]
             h_l -= sum(a * math.log(a) for col in cols for a in col if a > 0)
             v_l += sum(_variance(col) for col in cols)
-            score = [sum(col) / w + cfg.gamma * _variance(col) for col in cols]
+            score = [sum(col) / r + cfg.gamma * _variance(col) for col in cols]
             per_head.append(_pool(score, cfg.pool_kind, cfg.pool_kernel))
         self.stats[layer] = (h_l, v_l)
         self.log_prefs[layer] = (

@@ -36,6 +36,7 @@ from cake_cli.engine.replay import prefix_cache, record
 from cake_cli.tasks.answers.abstain import NEVER, counts_as_abstention, decide
 from cake_cli.tasks.answers.cite import LOCATED, UNSUPPORTED, find_support
 from cake_cli.tasks.inputs.documents import page_of_offset
+from cake_cli.tasks.question_window import question_rows
 from cake_cli.tasks.request import SECTIONS
 from cake_cli.tasks.results import Support
 from cake_cli.tasks.sections import SLACK, split_sections
@@ -155,7 +156,9 @@ def run_real(
     `suite.long` "sections". Arguments as `quality.run.run_grid`, with the opened documents
     (`real_docs.open_documents`) for the cases; `diagnose` also stores, per row of a question whose
     passage was read whole (not with sections), the survival of its gold passage and answer
-    (`evidence_spans`) and the tokens each layer kept (`bench.real_diagnosis`)."""
+    (`evidence_spans`) and the tokens each layer kept (`bench.real_diagnosis`). A question-window
+    variant (cake-qwin) replays each prompt with `score_rows` = its tokens from the question on
+    (`tasks.question_window.question_rows`)."""
     if not budgets:
         raise ValueError("run_real needs at least one budget")
     configs = {b: config_for_budget(b) for b in budgets}
@@ -169,6 +172,7 @@ def run_real(
     order = {doc.spec.id: i for i, doc in enumerate(documents)}
     todo.sort(key=lambda item: (order[item[0].document.spec.id], item[0].length))  # a document's questions together
     shared = SharedPrefixes(model, todo, window) if can_share(model, accumulate) else None
+    asks_rows = any(v.question_window for v in variants)  # cake-qwin: score_rows from each prompt's question
     for case, cells in todo:
         question, length = case.question, case.length
         prompts = _prompts(case)
@@ -186,8 +190,9 @@ def run_real(
             prefix = shared.prefix(case, part - 1) if shared is not None else None
             rec = record(model.model, ids, window, accumulate=accumulate, prefix=prefix)
             recorded += rec.seconds
+            rows_q = question_rows(model.tokenizer, input_ids, question.question) if asks_rows else None
             for variant, budget, _, text, spent, inspected in replay_cells(
-                model, ids, rec, cells, configs, new_tokens, label, on_step, inspect
+                model, ids, rec, cells, configs, new_tokens, label, on_step, inspect, rows_q
             ):
                 replies.setdefault((variant.name, budget), []).append(text)
                 seen[(variant.name, budget)] = inspected

@@ -218,7 +218,16 @@ def run_grid(
 
 
 def replay_cells(
-    model: Model, ids, rec, cells, configs: dict, new_tokens: int, label: str, on_step=None, inspect=None
+    model: Model,
+    ids,
+    rec,
+    cells,
+    configs: dict,
+    new_tokens: int,
+    label: str,
+    on_step=None,
+    inspect=None,
+    question_rows: int | None = None,
 ) -> list:
     """Every (variant, budget) cell of one recorded prefill, replayed and answered.
 
@@ -228,17 +237,24 @@ def replay_cells(
         new_tokens: most tokens an answer may have; label, on_step: progress (a label per replay).
         inspect: optional function of the replayed prefill state (`engine.generate.Prefilled`),
             called before the decode; its value ends each tuple (None without it).
+        question_rows: the prompt's tokens from the question on (`tasks.question_window.question_rows`),
+            the `score_rows` of a `question_window` variant (cake-qwin).
 
     Returns:
         [(variant, budget, config, answer, seconds, inspected)] in cell order. Cells that keep the same tokens
         with the same decode settings share one decode (their answers are identical).
+
+    Raises:
+        ValueError: a `question_window` variant without `question_rows`.
     """
     answers: dict = {}
     out = []
     for variant, budget in cells:
         if on_step:
             on_step(f"{label}: {variant.name} B={budget or '-'}")
-        config = variant.config(configs[budget]) if budget is not None else None
+        if variant.question_window and question_rows is None:
+            raise ValueError(f"{variant.name} scores with the question's rows: pass question_rows for this prompt")
+        config = variant.config(configs[budget], question_rows) if budget is not None else None
         start = time.perf_counter()
         state = replay(rec, config)
         seen = inspect(state) if inspect else None
@@ -291,7 +307,8 @@ def uses_taus(config) -> bool:
 def kept_key(state, config) -> tuple:
     """What determines a greedy answer after prefill: the tokens each layer kept (positions of
     every KV head) and the settings the decode policy reads (indicator, pooling, gamma, chunk, window,
-    and the budget, which sets the decode capacity when nothing was evicted)."""
+    and the budget, which sets the decode capacity when nothing was evicted), plus score_rows, so a
+    question-window variant's cells never share another method's decode."""
     kept = tuple(hash(layer.positions.cpu().numpy().tobytes()) for layer in state.cache.layers)
     settings = (
         None
@@ -305,6 +322,7 @@ def kept_key(state, config) -> tuple:
             config.window,
             config.decode_policy,
             config.budget,
+            config.score_rows,
         )
     )
     return settings, tuple(state.lengths), kept

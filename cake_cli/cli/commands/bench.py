@@ -179,6 +179,11 @@ def quality(
             chosen = suite_from(QUICK_SUITE if quick else EVAL_SUITE, tasks, lengths, depths, repeats, suite, documents)
         sizes = int_list(budgets or ("128,256,512" if quick else "64,128,256,512,1024"), "--budgets")
         variants = parse_variants(methods, pairings)
+        if suite != "real" and any(v.question_window for v in variants):
+            raise UsageError(
+                "cake-qwin runs on --suite real only (its cases give the question's tokens per prompt)",
+                "add --suite real, or leave cake-qwin out of --methods",
+            )
         where = (haystack, chosen, sizes, variants, output, json_out, diagnose == "survival")
         setup = grid_setup(model, window, dtype, attention, threads, *where, weights=weights)
         from cake_cli.cli.runners import bench as bench_run  # noqa: PLC0415 - torch loads after the checks

@@ -115,6 +115,35 @@ def losses(rows: list[dict], method: str = "cake", reference: str = "full") -> l
     return sorted(out, key=lambda x: (x.budget, x.source, x.question))
 
 
+def outcome_rows(
+    rows: list[dict], budgets: list[int], method: str = "cake", reference: str = "full"
+) -> list[list[str]]:
+    """Rows [outcome, "passage % / answer %" at each budget]: over the questions `reference` got
+    exactly right, the mean share of the gold passage's and answer's tokens `method` kept (over
+    layers and KV heads), for the answers it kept right and for those it lost, with their counts:
+    how much less of the passage a lost answer kept than a kept one."""
+    right = {(r["case_id"], r["length"]) for r in rows if r["method"] == reference and r.get("exact") == 1.0}
+    cells: dict = {}
+    for r in rows:
+        survival = r.get("survival")
+        if r["method"] != method or (r["case_id"], r["length"]) not in right or not survival:
+            continue
+        passage = _mean(row[0] for row in survival)
+        if passage is None:
+            continue
+        answer = _mean(row[1] for row in survival) if len(survival[0]) > 1 else None
+        cells.setdefault(("right" if r.get("exact") == 1.0 else "lost", r["budget"]), []).append((passage, answer))
+
+    def cell(values) -> str:
+        if not values:
+            return "-"
+        answers = [a for _, a in values if a is not None]
+        a = f"{100 * sum(answers) / len(answers):.0f}" if answers else "-"
+        return f"{100 * sum(p for p, _ in values) / len(values):.0f} / {a} ({len(values)})"
+
+    return [[f"{outcome}", *(cell(cells.get((outcome, b), [])) for b in budgets)] for outcome in ("right", "lost")]
+
+
 def cause_counts(found: list[Loss], budgets: list[int]) -> list[list[str]]:
     """Rows [cause, count at each budget] and a total row."""
     rows = [[c, *(str(sum(1 for x in found if x.budget == b and x.cause == c)) for b in budgets)] for c in CAUSES]

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import cake_cli.cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
 from cake_cli.bench.quality.real import RealCase, build_case, evidence_spans
 from cake_cli.bench.quality.run import Model
-from cake_cli.bench.real_diagnosis import bars, cause_counts, cause_of, losses
+from cake_cli.bench.real_diagnosis import bars, cause_counts, cause_of, losses, outcome_rows
 from cake_cli.bench.real_docs import check_document, load_set, read_document
 from cake_cli.cli.main import app
 from tests.helpers.tiny import build_tiny_tokenizer
@@ -70,6 +70,8 @@ def test_losses_pair_the_full_cache_right_with_the_method_wrong():
     counts = cause_counts(found, [64, 128])
     assert counts[1] == ["span", "1", "0"] and counts[-1] == ["lost answers", "1", "0"]
     assert bars((0.0, 0.5, 1.0, None)) == " ▄█·"
+    # q1 at 64 lost (passage 30%, answer 100%), at 128 kept right; q2 is not counted (the full cache was wrong)
+    assert outcome_rows(rows, [64, 128]) == [["right", "-", "30 / 100 (1)"], ["lost", "30 / 100 (1)", "-"]]
 
 
 @pytest.fixture(scope="module")

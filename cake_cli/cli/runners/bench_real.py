@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cake_cli.bench.quality.genre_report import markdown_table
-from cake_cli.bench.real_diagnosis import LOSS_HEAD, cause_counts, loss_rows, losses
+from cake_cli.bench.real_diagnosis import LOSS_HEAD, cause_counts, loss_rows, losses, outcome_rows
 
 LISTED = "cake"  # the method whose every lost answer is listed (the others are counted)
 
@@ -27,6 +27,14 @@ def diagnosis_tables(rows: list[dict], names: list[str], budgets: list[int]) -> 
                 f"{name}: answers the full cache got right and {name} lost, by cause (survival of the gold passage)",
                 ["cause", *(f"B={b}" for b in budgets)],
                 cause_counts(found, budgets),
+            )
+        )
+        out.append(
+            (
+                f"{name}: passage % / answer % of their tokens kept (answers), on the questions the full cache got "
+                "right, by what it answered",
+                [name, *(f"B={b}" for b in budgets)],
+                outcome_rows(rows, budgets, name),
             )
         )
         if name == LISTED and found:

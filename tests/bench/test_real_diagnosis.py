@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import cake_cli.cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
-from cake_cli.bench.quality.real import RealCase, build_case, evidence_spans
+from cake_cli.bench.quality.real import RealCase, build_case, common_prefix, evidence_spans, longest_question
 from cake_cli.bench.quality.run import Model
 from cake_cli.bench.real_diagnosis import bars, cause_counts, cause_of, losses, outcome_rows
 from cake_cli.bench.real_docs import check_document, load_set, read_document
@@ -114,3 +114,17 @@ def test_the_real_suite_diagnoses_on_request(cli_env):
     assert max(cake["kept"]) < full["kept"][0] and all(k >= 0 for k in cake["kept"])
     assert all("kept" not in r for r in rows if r["task"] != "real")  # no passage, nothing to diagnose
     assert "lost, by cause" in result.stdout
+
+
+def test_every_question_of_a_document_reads_the_same_cut(heapq_doc):
+    tok = build_tiny_tokenizer()
+    model = Model(None, tok, 10**6, frozenset())
+    longest = longest_question(model, heapq_doc)
+    cases = [build_case(model, heapq_doc, q, 600, "middle", longest) for q in heapq_doc.questions]
+    assert len({c.dropped for c in cases}) == 1 and cases[0].dropped is not None
+    assert all(len(c.input_ids) <= 600 for c in cases)
+    shared = common_prefix([c.input_ids for c in cases])
+    question_part = max(len(tok(q.question)["input_ids"]) for q in heapq_doc.questions) + 8
+    assert shared >= min(len(c.input_ids) for c in cases) - question_part  # all but the question is shared
+    alone = [build_case(model, heapq_doc, q, 600) for q in heapq_doc.questions]  # sized per question: cuts differ
+    assert len({c.dropped for c in alone}) > 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -310,7 +311,8 @@ def _bytes_text(r: CompressResult) -> str:
 
 
 def render_compress(r: CompressResult, console: Console) -> None:
-    """The report of `cake compress` (stderr): settings, KV memory, the file, the layer chart."""
+    """The report of `cake compress` (stderr): settings, KV memory, the file, a line when the file is large for
+    its document (`CompressResult.size_hint`), the layer chart."""
     t = _grid()
     _row(t, "file", f"{r.path} · {human_bytes(r.file_bytes)} ({r.file_ratio:.3f}× the kept KV bytes)")
     _settings_rows(t, r, r.method)
@@ -319,5 +321,7 @@ def render_compress(r: CompressResult, console: Console) -> None:
     _kv_row(t, r, None)
     _row(t, "time", _time_text(r))
     console.print(Panel(t, title="CAKE compress", title_align="left", border_style="cyan"))
+    if r.size_hint:
+        console.print(f"[yellow]size:[/] {escape(r.size_hint)}", soft_wrap=True)
     if r.budget is not None and r.evicted:  # a prefix kept whole has nothing per layer to show yet
         console.print(layer_table(r.layers, console.width, _rows(r.scoring)))

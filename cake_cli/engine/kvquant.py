@@ -255,6 +255,20 @@ def quantized_bytes(parts: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in parts.values())
 
 
+def entry_bytes(
+    heads: int, length: int, dim: int, elem_bytes: int, kind: str, bits: int, group: int, recent: int, sink: int = 0
+) -> int:
+    """Bytes of the file tensors `quantize_entry` writes for a [heads, length, dim] entry whose elements take
+    `elem_bytes`, from its shape alone (no quantizing): packed codes, float16 scales and zeros (keys: per
+    channel, ceil(m / G) groups of tokens; values: per token, ceil(dim / G) groups of channels), and the recent
+    and sink tokens in the model's dtype. Equals `quantized_bytes(quantize_entry(x, ...))`."""
+    r = min(recent, length)
+    s = min(sink, length - r)
+    m = length - s - r
+    groups = -(-m // group) * dim if kind == "keys" else m * -(-dim // group)
+    return heads * (m * -(-dim * bits // 8) + 2 * 2 * groups + (r + s) * dim * elem_bytes)
+
+
 def codes_float(packed: torch.Tensor, bits: int, width: int) -> torch.Tensor:
     """`kvquant.unpack` as float32: [.., ceil(width · bits / 8)] uint8 -> [.., width] float32 codes (the codes of
     each position in a byte written straight into their channels, no uint8 intermediate)."""

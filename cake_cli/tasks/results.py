@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 from cake_cli import __version__
 from cake_cli.engine.allocation import preference_weights
+from cake_cli.engine.config import KV_BITS
 from cake_cli.engine.measures import saved_fraction, tokens_per_second
 
 
@@ -332,7 +333,14 @@ class CompressResult(PrefillSummary):
     kv_bits: int = 16  # bits per saved key/value (16: the model's dtype; 8 / 4: grouped affine, `engine.kvquant`)
     kv_group: int | None = None  # entries per quantization group (None at 16 bits)
     kv_bytes_file: int = 0  # the saved keys and values (codes, scales, zeros, exact recent tokens), measured
+    document_bytes: int = 0  # UTF-8 bytes of the document text the model read (after extraction)
+    smaller_files: tuple[tuple[int, int], ...] = ()  # (bits, file bytes) at each --kv-bits below kv_bits
     warnings: tuple[str, ...] = ()
+
+    @property
+    def size_hint(self) -> str | None:
+        """One line when the file is over `SIZE_HINT_RATIO`× the document's text (`size_hint`), else None."""
+        return size_hint(self.file_bytes, self.document_bytes, self.kv_bits, self.smaller_files)
 
     @property
     def file_ratio(self) -> float:
@@ -349,4 +357,23 @@ class CompressResult(PrefillSummary):
         data = super().to_dict()
         data["file_ratio"] = self.file_ratio
         data["file_fraction"] = self.file_fraction
+        data["size_hint"] = self.size_hint
         return data
+
+
+SIZE_HINT_RATIO = 100  # a .cake file over this many times its document's text gets `size_hint`'s line
+
+
+def size_hint(file_bytes: int, document_bytes: int, kv_bits: int, smaller: tuple[tuple[int, int], ...]) -> str | None:
+    """The line `cake compress` adds when its file is over `SIZE_HINT_RATIO`× the document's text (UTF-8 bytes)
+    and a smaller --kv-bits exists: the ratio and the option with the file size at each smaller bits
+    (`smaller`: (bits, bytes) pairs, `tasks.saved.store.smaller_files`). None at --kv-bits 2 (nothing smaller),
+    at or under the ratio, or for an empty document."""
+    if kv_bits <= min(KV_BITS) or not smaller or document_bytes <= 0 or file_bytes <= SIZE_HINT_RATIO * document_bytes:
+        return None
+    sizes = " / ".join(human_bytes(size) for _, size in smaller)
+    options = " / ".join(str(bits) for bits, _ in smaller)
+    return (
+        f"the file is {file_bytes / document_bytes:.0f}× the document's text ({human_bytes(file_bytes)} for "
+        f"{human_bytes(document_bytes)}): --kv-bits {options} would write about {sizes}"
+    )

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from cake_cli.tasks.results import human_bytes
 from cake_cli.tasks.saved import fileformat as cachefile
 from tests.helpers.cli import TINY, compressed, flat, invoke, one_error_line
 
@@ -438,3 +439,35 @@ def test_full_cache_and_end_scoring(doc, cli_env):
     assert [(r["budget"], r["kept"]) for r in answers[1]["layers"]] == [
         (r["budget"], r["kept"] + q) for r in made[1]["layers"]
     ]
+
+
+def test_compress_says_when_the_file_dwarfs_the_document(doc, cli_env):
+    """The tiny model's file is over 100× its 1,300-byte document: the report and --json give the line, with the
+    sizes a compression at 8 / 4 / 2 bits actually writes (keys and values exact, the header's
+    growth left out)."""
+    path, report = compressed(doc, cli_env / "big.cake")
+    text_bytes = len(cachefile.read_saved(path).meta.used_text.encode("utf-8"))  # as extracted: 1,292 of 1,300
+    assert 1250 < text_bytes <= len(doc.read_bytes())
+    assert report["document_bytes"] == text_bytes and report["file_bytes"] > 100 * text_bytes
+    for bits, predicted in report["smaller_files"]:
+        _, actual = compressed(doc, cli_env / f"b{bits}.cake", "--kv-bits", str(bits))
+        header = 4 * 8 * 100  # 4 layers, 8 more tensor names each (5 parts a kind, not 1), under 100 bytes a name
+        assert 0 < actual["file_bytes"] - predicted < header, (bits, predicted, actual["file_bytes"])
+        # the keys and values exactly: the prediction only takes the header and positions as unchanged
+        assert predicted - report["file_bytes"] + report["kv_bytes_file"] == actual["kv_bytes_file"]
+    assert [bits for bits, _ in report["smaller_files"]] == [8, 4, 2]
+    sizes = " / ".join(human_bytes(size) for _, size in report["smaller_files"])
+    file, ratio = human_bytes(report["file_bytes"]), report["file_bytes"] / text_bytes
+    assert report["size_hint"] == (
+        f"the file is {ratio:.0f}× the document's text ({file} for {human_bytes(text_bytes)}): "
+        f"--kv-bits 8 / 4 / 2 would write about {sizes}"
+    )
+    human = invoke("compress", doc, "-o", cli_env / "h.cake", *TINY, "-b", "64", "--dtype", "float32")
+    assert human.exit_code == 0, human.stderr
+    assert f"size: {report['size_hint']}" in flat(human.stderr)
+    smallest = invoke(
+        "compress", doc, "-o", cli_env / "s.cake", *TINY, "-b", "64", "--dtype", "float32", "--kv-bits", "2"
+    )
+    assert smallest.exit_code == 0 and "--kv-bits" not in flat(smallest.stderr)
+    two = invoke("compress", doc, "-o", cli_env / "j.cake", *TINY, "-b", "64", "--kv-bits", "2", "--json")
+    assert json.loads(two.stdout)["size_hint"] is None

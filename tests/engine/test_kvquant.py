@@ -193,3 +193,13 @@ def test_saved_quantized_cache_answers_as_the_cache_quantized_in_process(tiny_mo
     assert all(torch.equal(a, b) for a, b in zip(here_logits, there_logits))
     assert float((here_logits[0] - plain_logits[0]).abs().max()) > 0, "quantization changed something"
     assert requantized(state, 16) is state
+
+
+@pytest.mark.parametrize("kind", ["keys", "values"])
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize(("length", "dim", "recent", "sink"), [(70, 64, 8, 4), (5, 12, 8, 4), (33, 10, 0, 0)])
+def test_entry_bytes_equals_the_quantized_tensors(kind, bits, length, dim, recent, sink):
+    """The oracle: the shape-only byte count is what `quantize_entry` writes (odd dims pad the packed codes)."""
+    x = torch.randn(2, length, dim, dtype=torch.bfloat16)
+    parts = kvquant.quantize_entry(x, kind, bits, 32, recent, sink)
+    assert kvquant.entry_bytes(2, length, dim, 2, kind, bits, 32, recent, sink) == kvquant.quantized_bytes(parts)

@@ -24,7 +24,7 @@ from cake_cli.engine.continuation import SavedCascade, cache_from_tensors, cache
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled
 from cake_cli.engine.indicators import accumulates
-from cake_cli.engine.kvquant import DamagedTensorError
+from cake_cli.engine.kvquant import DamagedTensorError, entry_bytes
 from cake_cli.errors import CakeError
 from cake_cli.files import write_atomic
 from cake_cli.models.fingerprint import fingerprint
@@ -242,6 +242,27 @@ def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compress
     return Compressed(ready, meta, state, saved.path, saved.file_bytes, seconds, warnings)
 
 
+def smaller_files(compressed: Compressed, file_bytes: int) -> tuple[tuple[int, int], ...]:
+    """((bits, bytes), …) for each --kv-bits below the one `compressed` was saved at: the size its .cake
+    file of `file_bytes` would have at those bits, from the cache's shapes (`kvquant.entry_bytes`, with
+    `quantized_meta`'s group, recent and sink tokens; nothing is quantized). The keys and values are counted
+    exactly; the JSON header is taken as unchanged (a quantized file's grows by under 100 bytes for each of its 8
+    more tensor names a layer, with its kv_* fields)."""
+    meta, cache = compressed.meta, compressed.state.cache
+    now = meta.kv_bytes_file or meta.kv_bytes
+    out = []
+    for bits in (b for b in KV_BITS if b < meta.kv_bits):
+        q = quantized_meta(meta, bits)
+        kv = 0
+        for layer in cache.layers:
+            for x in (layer.keys, layer.values):  # [1, H_kv, len, d]
+                _, heads, length, dim = x.shape
+                kind = "keys" if x is layer.keys else "values"
+                kv += entry_bytes(heads, length, dim, x.element_size(), kind, bits, q.kv_group, q.kv_recent, q.kv_sink)
+        out.append((bits, file_bytes - now + kv))
+    return tuple(out)
+
+
 def compress_result(compressed: Compressed, path: Path, file_bytes: int, load_seconds: float) -> CompressResult:
     """The report of `cake compress` (one dataclass for the rich view and --json)."""
     meta, state, loaded = compressed.meta, compressed.state, compressed.ready.loaded
@@ -261,4 +282,6 @@ def compress_result(compressed: Compressed, path: Path, file_bytes: int, load_se
     fields = summary_fields(loaded, compressed.ready.backend, meta.dtype, tokens, settings, engine, threads)
     extra = dict(path=str(path), file_bytes=file_bytes, method=meta.method, scoring=meta.scoring)
     extra.update(kv_bits=meta.kv_bits, kv_group=meta.kv_group, kv_bytes_file=meta.kv_bytes_file or meta.kv_bytes)
+    extra.update(document_bytes=len(meta.used_text.encode("utf-8")))
+    extra.update(smaller_files=smaller_files(compressed, file_bytes))
     return CompressResult(**fields, **extra, warnings=tuple(compressed.warnings))

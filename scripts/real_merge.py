@@ -10,7 +10,7 @@ hold the same cell (task, question, length, method, budget), the later file's ro
 two replies are compared: the count of differing replies is printed (a rerun of the same code
 should differ nowhere). The merged meta names the documents of all files and the source files.
 
-    python scripts/real_merge.py A.json B.json [...] -o MERGED.json [--abstain foreign]
+    python scripts/real_merge.py A.json B.json [...] -o MERGED.json [--abstain foreign] [--methods full,cake]
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from cake_cli.files import write_atomic
 from cake_cli.tasks.answers.abstain import ABSTAIN_MODES, DEFAULT_ABSTAIN, NEVER
 
 
-def merge(paths: list[Path], mode: str) -> tuple[dict, list[str]]:
-    """(the merged results file as a dict, report lines). Raises SystemExit on files that differ
-    in a setting of META_MUST_MATCH."""
+def merge(paths: list[Path], mode: str, methods: list[str] | None = None) -> tuple[dict, list[str]]:
+    """(the merged results file as a dict, report lines), with only the rows of `methods` when given.
+    Raises SystemExit on files that differ in a setting of META_MUST_MATCH."""
     real = load_set()
     questions = {q.id: (q.question, q.answers) for q in real.questions}
     loaded = [(p, json.loads(p.read_text())) for p in paths]
@@ -43,7 +43,7 @@ def merge(paths: list[Path], mode: str) -> tuple[dict, list[str]]:
                 sys.exit(
                     f"error: {path} has {key} = {meta.get(key)!r}, {paths[0]} {first.get(key)!r} — merge like runs only"
                 )
-        file_rows = data["rows"]
+        file_rows = [r for r in data["rows"] if methods is None or r["method"] in methods]
         if meta.get("abstain", NEVER) != mode:
             wanted = {r["source"] for r in file_rows}
             texts = {d.id: read_document(d).text for d in real.documents if d.id in wanted}
@@ -67,6 +67,8 @@ def merge(paths: list[Path], mode: str) -> tuple[dict, list[str]]:
         documents += [d for d in meta.get("documents", []) if d not in documents]
     meta = {**first, "documents": documents, "abstain": mode, "merged_from": [str(p) for p in paths]}
     meta["command"] = f"python scripts/real_merge.py {' '.join(map(str, paths))} --abstain {mode}"
+    if methods is not None:
+        meta["command"] += f" --methods {','.join(methods)}"
     return {
         "format": loaded[0][1]["format"],
         "version": loaded[0][1]["version"],
@@ -82,8 +84,10 @@ def main() -> None:
     parser.add_argument(
         "--abstain", default=DEFAULT_ABSTAIN, choices=ABSTAIN_MODES, help="score every row with this mode"
     )
+    parser.add_argument("--methods", default="", help="keep only these methods' rows (comma-separated)")
     args = parser.parse_args()
-    merged, lines = merge(args.runs, args.abstain)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] or None
+    merged, lines = merge(args.runs, args.abstain, methods)
     write_atomic(args.output, json.dumps(merged, indent=1) + "\n", "merged results file")
     print(f"$ python scripts/real_merge.py {' '.join(sys.argv[1:])}")
     print("\n".join(lines))

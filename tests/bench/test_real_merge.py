@@ -44,6 +44,8 @@ def test_merge_rescores_old_files_and_keeps_the_later_cell(tmp_path):
     # rescored with foreign: an answer whose words the document does not hold is withheld, a right abstention
     assert rows[("python-heapq-08", "cake")]["abstained"] is True and rows[("python-heapq-08", "cake")]["exact"] == 1.0
     assert "2 rows rescored from --abstain never" in lines[0] and "0 same reply, 1 other" in lines[-1]
+    only, _ = real_merge.merge([old, new], "foreign", ["cake"])
+    assert [r["method"] for r in only["rows"]] == ["cake"] and only["meta"]["command"].endswith("--methods cake")
 
 
 def test_merge_refuses_unlike_runs(tmp_path):

@@ -97,6 +97,7 @@ class RealSuite:
     long: str = "middle"  # a document longer than the length: "middle" (cut) or "sections" (`tasks.sections`)
     subset: str | None = None  # the half of the set's split by document asked ("tune", "held-out"); None: all
     abstain: str = DEFAULT_ABSTAIN  # an unsupported answer: "never" scored as given, "unsupported" withheld
+    versus: str = "cake"  # the method whose paired intervals against every other the report prints
     tasks: tuple[str, ...] = REAL_TASKS  # the row tasks (`scoring.REAL_WEIGHTS`)
     split: str = "real"
     depths: tuple[float, ...] = ()

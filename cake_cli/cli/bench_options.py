@@ -179,6 +179,7 @@ def real_suite_from(
     long: str = MIDDLE,
     split: str | None = None,
     abstain: str = DEFAULT_ABSTAIN,
+    versus: str = "cake",
     **needle_only,
 ) -> RealSuite:
     """The real-document suite from its options (`needle_only`: the needle suite's options, which
@@ -215,7 +216,7 @@ def real_suite_from(
     lengths = tuple(int_list(lengths, "--lengths")) if lengths else REAL_LENGTHS
     if abstain not in ABSTAIN_MODES:
         raise unknown_name("--abstain mode", abstain, ABSTAIN_MODES)
-    return RealSuite(lengths, ids, quick, long, subset=split, abstain=abstain)
+    return RealSuite(lengths, ids, quick, long, subset=split, abstain=abstain, versus=versus)
 
 
 @dataclass(frozen=True)

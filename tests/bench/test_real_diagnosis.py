@@ -128,3 +128,16 @@ def test_every_question_of_a_document_reads_the_same_cut(heapq_doc):
     assert shared >= min(len(c.input_ids) for c in cases) - question_part  # all but the question is shared
     alone = [build_case(model, heapq_doc, q, 600) for q in heapq_doc.questions]  # sized per question: cuts differ
     assert len({c.dropped for c in alone}) > 1
+
+
+def test_versus_picks_the_method_of_the_intervals(cli_env):
+    out = cli_env / "real.json"
+    args = ["bench", "quality", "--suite", "real", "--model", "tiny-test", "--threads", "1", "--documents"]
+    args += ["python-textwrap", "--quick", "--lengths", "600", "--budgets", "32", "--methods", "full,cake,snapkv"]
+    result = runner.invoke(app, [*args, "--split", "tune", "--versus", "snapkv", "--output", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert "snapkv - other method" in result.stdout and "│ cake " in result.stdout
+    bad = runner.invoke(app, [*args, "--versus", "h2o"])
+    assert bad.exit_code == 2 and "--versus method" in bad.stderr and "h2o" in bad.stderr
+    wrong_suite = runner.invoke(app, ["bench", "quality", "--model", "tiny-test", "--versus", "cake"])
+    assert wrong_suite.exit_code == 2 and "--suite real only" in wrong_suite.stderr

@@ -114,6 +114,16 @@ def quality(
             "shows it: unsupported (withheld: scored as an abstention) or never (scored as given).",
         ),
     ] = DEFAULT_ABSTAIN,
+    versus: Annotated[
+        str | None,
+        typer.Option(
+            "--versus",
+            metavar="METHOD",
+            show_default=False,
+            help="--suite real: the method (one of --methods) whose paired intervals against every other method "
+            "the report prints [default: cake].",
+        ),
+    ] = None,
     tasks: Tasks = None,
     lengths: Lengths = None,
     depths: Depths = None,
@@ -162,11 +172,22 @@ def quality(
             raise UsageError(
                 "--genres and --seed apply to --suite genres only", "add --suite genres, or leave them out"
             )
+        if versus is not None and suite != "real":
+            raise UsageError("--versus applies to --suite real only", "add --suite real, or leave --versus out")
         if split is not None and suite != "real":
             raise UsageError("--split applies to --suite real only", "add --suite real, or leave --split out")
         if suite == "real":
             chosen = real_suite_from(
-                lengths, documents, quick, long, split, abstain, tasks=tasks, depths=depths, repeats=repeats
+                lengths,
+                documents,
+                quick,
+                long,
+                split,
+                abstain,
+                versus or "cake",
+                tasks=tasks,
+                depths=depths,
+                repeats=repeats,
             )
         elif suite == "genres":
             if long != "middle" or documents:
@@ -179,6 +200,8 @@ def quality(
             chosen = suite_from(QUICK_SUITE if quick else EVAL_SUITE, tasks, lengths, depths, repeats, suite, documents)
         sizes = int_list(budgets or ("128,256,512" if quick else "64,128,256,512,1024"), "--budgets")
         variants = parse_variants(methods, pairings)
+        if versus is not None and versus not in [v.name for v in variants]:
+            raise unknown_name("--versus method", versus, [v.name for v in variants])
         if suite != "real" and any(v.question_window for v in variants):
             raise UsageError(
                 "cake-qwin runs on --suite real only (its cases give the question's tokens per prompt)",

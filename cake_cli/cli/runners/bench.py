@@ -216,7 +216,7 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
     summary = summarize(rows, names, budgets, weights=weights)
     exact = summarize(rows, names, budgets, metric="exact", weights=weights)
     checks = target_checks(summary) + (real_target_checks(rows, exact) if real else [])
-    intervals = real_intervals(rows, names, budgets) if real else []
+    intervals = real_intervals(rows, names, budgets, versus=setup.suite.versus) if real else []
     title = f"cake bench quality · {loaded.name}"
     half = f"{setup.suite.subset} documents" if real and setup.suite.subset else "all documents"
     output = setup.output

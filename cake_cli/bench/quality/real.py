@@ -101,9 +101,11 @@ def build_case(
     text, ask = doc.doc.text, dict(question=question.question)
     sizing = dict(question=sized_for or question.question)
     sized = build_prompt(model.tokenizer, template, text, max_prompt_tokens=limit, truncate="middle", **sizing)
-    prompt = build_prompt(
-        model.tokenizer, template, sized.document_text, max_prompt_tokens=10**9, truncate="error", **ask
-    )
+    prompt = sized  # sized for this very question: the prompt itself
+    if sizing != ask:
+        prompt = build_prompt(
+            model.tokenizer, template, sized.document_text, max_prompt_tokens=10**9, truncate="error", **ask
+        )
     task, cut = "real-absent", sized.dropped
     if question.answerable:
         found = doc.found[question.id]

@@ -19,9 +19,9 @@ def diagnosis_tables(rows: list[dict], names: list[str], budgets: list[int]) -> 
         return []
     out = []
     for name in names:
-        found = losses(rows, name)
         if name == "full" or not any(r["method"] == name and r.get("kept") for r in rows):
             continue
+        found = losses(rows, name)
         out.append(
             (
                 f"{name}: answers the full cache got right and {name} lost, by cause (survival of the gold passage)",

@@ -255,9 +255,8 @@ def smaller_files(compressed: Compressed, file_bytes: int) -> tuple[tuple[int, i
         q = quantized_meta(meta, bits)
         kv = 0
         for layer in cache.layers:
-            for x in (layer.keys, layer.values):  # [1, H_kv, len, d]
+            for kind, x in (("keys", layer.keys), ("values", layer.values)):  # [1, H_kv, len, d]
                 _, heads, length, dim = x.shape
-                kind = "keys" if x is layer.keys else "values"
                 kv += entry_bytes(heads, length, dim, x.element_size(), kind, bits, q.kv_group, q.kv_recent, q.kv_sink)
         out.append((bits, file_bytes - now + kv))
     return tuple(out)

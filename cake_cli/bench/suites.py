@@ -21,7 +21,9 @@ from cake_cli.engine.methods import METHODS, QUESTION_METHODS, resolve
 from cake_cli.errors import UsageError, unknown_name
 from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 
-SPEED_METHODS = ("full", "snapkv", "pyramidkv", "cake", "cake-grow")  # `cake bench speed` (cake-grow: grow policy)
+# `cake bench speed` (cake-grow: CAKE with the grow decode policy)
+SPEED_METHODS = ("full", "snapkv", "pyramidkv", "cake", "cake-grow", "cake-chunk")
+SPEED_DEFAULT = SPEED_METHODS[:-1]  # cake-chunk (not the paper's) runs when named
 TASKS = (*NEEDLE_TASKS, "qa")
 CASE_DRAW = 2  # how cases are drawn from the data; 2: QA questions per (length, depth, repeat), 1: per (depth, repeat)
 TEMPLATES = {

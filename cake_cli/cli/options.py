@@ -184,13 +184,14 @@ _METHOD = (
     f"KV eviction method: {', '.join(m for m in METHODS if m != 'full')}, or full (no eviction); also any "
     "allocation+indicator pairing, e.g. cake+snapkv."
 )
+_PROFILE_METHOD = "Default: the model profile's method (see cake profiles show)"
 Method = Annotated[  # compress, inspect-layers
-    str | None, typer.Option("--method", metavar="NAME", show_default=False, help=f"{_METHOD} Default: cake.")
+    str | None, typer.Option("--method", metavar="NAME", show_default=False, help=f"{_METHOD} {_PROFILE_METHOD}.")
 ]
 TaskMethod = Annotated[  # task commands, which also take a .cake file
     str | None,
     typer.Option(
-        "--method", metavar="NAME", show_default=False, help=f"{_METHOD} Default: cake, or a .cake file's own."
+        "--method", metavar="NAME", show_default=False, help=f"{_METHOD} {_PROFILE_METHOD}, or a .cake file's own."
     ),
 ]
 Allocation = Annotated[

@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from cake_cli.engine.methods import METHODS
 from cake_cli.errors import CakeError
 from cake_cli.models.embedded import EMBEDDED_MODELS
 from cake_cli.models.profile_types import SCHEMA_VERSION, Pooling, Profile, TauPoint
@@ -33,6 +34,7 @@ PoolingKind = Literal["avg", "max"]
 TauRule = Literal["log-linear", "nearest"]
 DTYPES, POOLING_KINDS, TAU_RULES = get_args(DtypeName), get_args(PoolingKind), get_args(TauRule)
 SOURCES = ("hub_id", "embedded", "path")
+PROFILE_METHODS = tuple(m for m in METHODS if m != "full")  # a profile's default method evicts
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")  # org/name
@@ -96,6 +98,7 @@ class ProfileFile(BaseModel):
     taus: list[_TauFile] = Field(min_length=1)
     tau_rule: TauRule
     tau_source: str
+    method: str = "cake"
 
     @field_validator("version", mode="before")
     @classmethod
@@ -125,6 +128,13 @@ class ProfileFile(BaseModel):
         if not isinstance(v, list) or not all(isinstance(a, str) and _NAME_RE.match(a) for a in v):
             raise _fail("'aliases' must be a list of lower-case names")
         return tuple(v)
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, method: str) -> str:
+        if method not in PROFILE_METHODS:
+            raise _fail(f"method {method!r} is not one of {', '.join(PROFILE_METHODS)}")
+        return method
 
     @field_validator("hub_id")
     @classmethod
@@ -246,6 +256,7 @@ def validate_profile(data: Any, file: Path) -> Profile:
         taus=tuple(sorted((TauPoint(t.budget, float(t.tau1), float(t.tau2)) for t in spec.taus), key=_budget)),
         tau_rule=spec.tau_rule,
         tau_source=spec.tau_source,
+        method=spec.method,
         source_file=file,
         aliases=spec.aliases,
         hub_id=spec.hub_id,

@@ -58,6 +58,7 @@ class Profile:
     taus: tuple[TauPoint, ...]
     tau_rule: str  # "log-linear" or "nearest"
     tau_source: str
+    method: str = "cake"  # the tasks' method when --method is not given (engine.methods.METHODS, not full)
     source_file: Path | None = None
     aliases: tuple[str, ...] = ()
     hub_id: str | None = None

@@ -45,6 +45,12 @@ from cake_cli.tasks.saved.request import saved_config, saved_document, settle
 from cake_cli.tasks.templates import check_inputs, load_template
 
 
+def default_method(profile: Profile | None, request: TaskRequest) -> str:
+    """The method a task runs: --method, else the profile's `method` (benchmarks/real.md says why a
+    profile picks one), else DEFAULT_METHOD (no profile)."""
+    return request.method or (profile.method if profile is not None else DEFAULT_METHOD)
+
+
 def cake_config_for(profile: Profile | None, request: TaskRequest) -> tuple[CakeConfig, str]:
     """CakeConfig from the request and the model's profile (no profile: tau = 1, w = 32, gamma = 200).
 
@@ -63,7 +69,7 @@ def cake_config_for(profile: Profile | None, request: TaskRequest) -> tuple[Cake
         choice = profile.taus_for(budget) if budget > 0 else None
         tau1, tau2, rule = (choice.tau1, choice.tau2, choice.rule) if choice else (1.0, 1.0, "")
         window, gamma, pool = profile.window, profile.gamma, (profile.pooling.kind, profile.pooling.kernel)
-    pair = resolve(request.method or DEFAULT_METHOD, request.allocation, request.indicator) or ("cake", "cake")
+    pair = resolve(default_method(profile, request), request.allocation, request.indicator) or ("cake", "cake")
     window = request.window if request.window is not None else window
     if 0 < budget <= window:  # the engine allows it, but a task keeping only the window is useless
         raise ConfigError(
@@ -152,7 +158,7 @@ def plan(request: TaskRequest, cb: Callbacks | None = None, saved: SavedCache | 
         config, tau_rule = saved_config(saved.meta, request.decode_policy), f"saved in {saved.name}"
     else:
         config, tau_rule = cake_config_for(profile, request)
-        method = request.method or DEFAULT_METHOD  # named for what runs: `cake+h2o --indicator tova` is cake+tova
+        method = default_method(profile, request)  # named for what runs: `cake+h2o --indicator tova` is cake+tova
         method = method if method == FULL else label(config.allocation, config.indicator)
         request = replace(request, budget=config.budget, method=method)
     doc = saved_document(saved.meta) if saved else load_document(request.document, password=request.password)

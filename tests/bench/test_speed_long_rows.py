@@ -182,3 +182,30 @@ def test_another_engine_that_fails_is_left_out_with_one_line_and_ours_are_kept(t
     )  # fmt: skip
     assert [r.method for r in rows] == ["cake", "limit"] and rows[0].repeats == 3
     assert warnings == ["other: llama.cpp failed: out of memory; its rows are left out"]
+
+
+def test_cake_chunk_is_timed_beside_cake_with_the_same_budgets(tiny_model):
+    """`--methods cake,cake-chunk`: CAKE's allocation is shared, so both rows keep the same bytes and
+    decode the same steps; only the token indicator differs. The default list leaves cake-chunk out
+    (it is not the paper's method)."""
+    from cake_cli.bench.suites import SPEED_DEFAULT, SPEED_METHODS
+
+    use_cake_attention(tiny_model, "sdpa")
+    ids = torch.randint(0, 97, (160,), generator=torch.Generator().manual_seed(1)).tolist()
+    rows = run_speed(
+        tiny_model,
+        ids,
+        CakeConfig(budget=40, window=6),
+        group="tiny · engine",
+        lengths=[160],
+        methods=["cake", "cake-chunk"],
+        threads=Threads(1, 1, "test"),
+        new_tokens=5,
+        repeats=1,
+    )
+    by = {r.method: r for r in rows}
+    assert {"cake", "cake-chunk"} <= set(by)
+    assert by["cake-chunk"].kv_bytes_kept == by["cake"].kv_bytes_kept < by["cake"].kv_bytes_full
+    assert by["cake-chunk"].decode_steps == by["cake"].decode_steps == 4
+    assert config_for("cake-chunk", CakeConfig(budget=40, window=6)).indicator == "chunk"
+    assert "cake-chunk" in SPEED_METHODS and "cake-chunk" not in SPEED_DEFAULT

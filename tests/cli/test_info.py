@@ -34,7 +34,8 @@ def test_only_task_commands_say_a_cake_file_sets_the_budget_and_method():
         method = text.split("--method NAME ")[1].split(" │")[0]
         takes_cake = command not in ("compress", "inspect-layers")
         assert budget.endswith("Default: 1024, or a .cake file's own." if takes_cake else "Default: 1024."), budget
-        assert method.endswith("Default: cake, or a .cake file's own." if takes_cake else "Default: cake."), method
+        default = "Default: the model profile's method (see cake profiles show)"
+        assert method.endswith(f"{default}, or a .cake file's own." if takes_cake else f"{default}."), method
 
 
 def test_env_json(cli_env):

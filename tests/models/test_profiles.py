@@ -310,6 +310,9 @@ def test_unknown_name_without_close_match_lists_valid():
         ({"aliases": "toy"}, "'aliases' must be a list"),
         ({"name": "Toy"}, "must be lower-case"),
         ({"description": ""}, "'description' must be a non-empty string"),
+        ({"method": "full"}, "method 'full' is not one of streamingllm, "),  # a profile's default evicts
+        ({"method": "cake-chunks"}, "method 'cake-chunks' is not one of"),
+        ({"method": 3}, "'method' must be"),
     ],
 )
 def test_schema_errors(tmp_path, changes, needle):
@@ -352,7 +355,8 @@ def test_schema_not_a_mapping(tmp_path, text, needle):
 
 def test_valid_profile_parses_with_defaults(tmp_path):
     p = parse_profile(write(tmp_path, valid(aliases=None, gamma=0)))
-    assert p.aliases == () and p.gamma == 0.0 and p.version == 1
+    assert p.aliases == () and p.gamma == 0.0 and p.version == 1 and p.method == "cake"
+    assert parse_profile(write(tmp_path, valid(method="cake-chunk"))).method == "cake-chunk"
     assert p.hub_id == "org/toy" and p.source_file == tmp_path / "toy.yaml"
 
 

@@ -37,7 +37,7 @@ def ratios(rows: list[SpeedRow]) -> list[dict]:
         if limit is not None and row.method not in ("limit", "full"):
             spreads["decode_vs_limit"] = ratio_spread(d, limit, "decode_tokens_per_second")
         snap = by.get((row.group, row.length, "snapkv"))
-        if snap is not None and row.method in ("cake", "pyramidkv", "cake-grow"):
+        if snap is not None and row.method in ("cake", "pyramidkv", "cake-grow", "cake-chunk"):
             spreads["prefill_vs_snapkv"] = ratio_spread(d, snap, "prefill_seconds")
             d["kv_peak_vs_snapkv"] = row.kv_peak_prefill / max(snap["kv_peak_prefill"], 1)
         if row.prefill_seconds > 0:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cake_cli.bench.suites import SPEED_METHODS
+from cake_cli.bench.suites import SPEED_DEFAULT, SPEED_METHODS
 from cake_cli.cli import options as o
 from cake_cli.cli.app import handled
 from cake_cli.cli.bench_options import configs_for, int_list
@@ -38,7 +38,7 @@ def speed(
     ] = "1024,4096,8192,16384",
     methods: Annotated[
         str, typer.Option(metavar="LIST", help=f"Comma-separated: {', '.join(SPEED_METHODS)}.")
-    ] = ",".join(SPEED_METHODS),
+    ] = ",".join(SPEED_DEFAULT),
     dtypes: Annotated[
         str,
         typer.Option(

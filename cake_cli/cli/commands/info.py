@@ -248,6 +248,7 @@ def profiles_show(name: o.ProfileName, json_out: o.Json = False) -> None:
             "aliases": p["aliases"] or "–",
             "source": p["hub_id"] or (f"embedded: {p['embedded']}" if p["embedded"] else p["path"]),
             "weights": p["status"],
+            "method": p["method"],
             "dtype (CUDA)": p["dtype"],
             "max prompt": f"{p['max_prompt_tokens']} tokens",
             "window w": f"{p['window']} tokens",

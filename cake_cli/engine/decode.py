@@ -20,12 +20,20 @@ import torch
 
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.headlengths import live_slots, pack_heads
-from cake_cli.engine.indicators import accumulates, group_mean, pooling, token_scores, top_k_sorted
+from cake_cli.engine.indicators import (
+    CHUNKED,
+    accumulates,
+    chunk_means,
+    group_mean,
+    pooling,
+    token_scores,
+    top_k_sorted,
+)
 from cake_cli.engine.window import window_attention
 
-# indicators `batched_victims` scores: finite scores from `a` alone (not `chunk`: its chunk means would mix the
-# layers laid side by side, and the trusted order reads no positions)
-BATCHED = frozenset({"cake", "snapkv", "tova"})
+# indicators `batched_victims` scores: finite scores from `a` alone (`chunk` also reads the positions, its chunk
+# means taken per layer over the candidates only)
+BATCHED = frozenset({"cake", "snapkv", "tova", "chunk"})
 
 
 class Carry(NamedTuple):
@@ -227,6 +235,7 @@ class FlatLayout(NamedTuple):
     first_slot: torch.Tensor  # [P] int64: base_l + pad, the column of the layer's slot 0
     # [n_out] int64: the columns of separators and of each layer's most recent w = min(window, capacity)
     outside: torch.Tensor
+    inside: torch.Tensor  # [n_in] int64: the other columns, each layer's candidates (in column order)
     columns: torch.Tensor  # [S] int64: 0 .. S - 1
     dest: torch.Tensor  # [S] int64: the column's place in a [P, wmax] grid, each layer reversed (its last column first)
     last: torch.Tensor  # [S] int64: the last column of the column's layer
@@ -251,6 +260,7 @@ def flat_layout(sizes: tuple[int, ...], windows: tuple[int, ...], pad: int, devi
         key_offset=(layer << POSITION_BITS) + pad,
         first_slot=base + pad,
         outside=((offset < pad) | (offset >= candidates_end)).nonzero().squeeze(1),
+        inside=((offset >= pad) & (offset < candidates_end)).nonzero().squeeze(1),
         columns=columns,
         dest=layer * wmax + widths[layer] - 1 - offset,
         last=(base + widths - 1)[layer],
@@ -271,7 +281,8 @@ def batched_victims(
     """The slot each KV head of P layers evicts after one decode token, all layers at once: what
     `FixedDecode.after_attention` picks layer by layer (the lowest indicator score among the
     candidates in position order, the most recent w = min(window, capacity) kept; among ties the
-    latest), for an indicator of `BATCHED`.
+    latest), for an indicator of `BATCHED`; `chunk`'s means are taken per layer over its candidates
+    (`indicators.chunk_means` on positions moved apart by layer), as the per-layer path takes them.
 
     The layers hold different numbers of slots k_l (= capacity + 1); they are laid side by side in
     one row (`FlatLayout`, no padding to the longest), each after `kernel // 2` separator columns.
@@ -294,8 +305,8 @@ def batched_victims(
         order: [H_kv, S] int64, a guess of the flat columns in key order (the previous step's
             `following`), or None.
         trusted: `order` is known to be this step's key order (`FixedDecode.flush` saw each layer's
-            positions change only by the new token in the released slot), so it is used unchecked and
-            the positions are not read (no indicator of `BATCHED` reads them).
+            positions change only by the new token in the released slot), so it is used unchecked and,
+            but for `chunk` (its chunks are positions // chunk), the positions are not read.
 
     Returns:
         `Victims`: the slots [P, H_kv], the next step's order guess, whether `order` was used.
@@ -321,28 +332,34 @@ def batched_victims(
         # `token_scores` takes the group mean before an average pooling: taking it here, bit for bit the
         # same (the mean is element-wise), gathers, masks and pools H_kv rows instead of H
         att, group = group_mean(att, num_kv), 1  # [H_kv, S]
+    chunked = config.indicator in CHUNKED  # its chunks are read from the positions, even in a trusted order
     if trusted:
         if order is None or order.shape != (num_kv, flat.layer.shape[0]):
             raise ValueError(f"a trusted order must be [H_kv, S] = [{num_kv}, {flat.layer.shape[0]}]")
         reused, sorted_pos = True, None
-    else:
+    if not trusted or chunked:
         pad_pos = flat.pad_positions.expand(num_kv, pad)
         pos = torch.cat([t for p in positions for t in (pad_pos, p)], dim=1)  # [H_kv, S]
         key = pos + flat.key_offset  # [H_kv, S]: distinct, >= 0
-        reused = order is not None and order.shape == key.shape
-        if reused:
-            sorted_key = key.gather(1, order)
-            reused = bool((sorted_key[:, 1:] > sorted_key[:, :-1]).all())
-        if not reused:
-            order = key.argsort(dim=-1)  # [H_kv, S]
-            sorted_key = key.gather(1, order)
+        sorted_key = key.gather(1, order) if order is not None and order.shape == key.shape else None
+        if not trusted:
+            reused = sorted_key is not None and bool((sorted_key[:, 1:] > sorted_key[:, :-1]).all())
+            if not reused:
+                order = key.argsort(dim=-1)  # [H_kv, S]
+                sorted_key = key.gather(1, order)
         sorted_pos = sorted_key - flat.key_offset  # [H_kv, S]: the order keeps every column in its layer
     by_head = order[:, None, :].expand(num_kv, group, order.shape[1])
     att = att.view(num_kv, group, -1).gather(2, by_head).view(num_kv * group, -1)  # [H or H_kv, S] in key order
     att.index_fill_(1, flat.outside, float("-inf") if pool_kind == "max" else 0.0)  # (masked_fill_: 15x longer)
-    scores = token_scores(
-        config.indicator, att.unsqueeze(1), sorted_pos, num_kv, gamma=config.gamma, pool=pool, chunk=config.chunk
-    )
+    # `chunk` is the `cake` score averaged per chunk: over the whole row its chunks would take in the window,
+    # the separators and other layers' tokens at the same positions, so the means are taken below
+    kind = "cake" if chunked else config.indicator
+    scores = token_scores(kind, att.unsqueeze(1), sorted_pos, num_kv, gamma=config.gamma, pool=pool)  # [H_kv, S]
+    if chunked:
+        inside = flat.inside
+        # layer l's positions moved by l * chunk * 2**40: chunk ids (layer, position // chunk), distinct per layer
+        shifted = sorted_pos[:, inside] + flat.layer[inside] * (config.chunk << POSITION_BITS)  # [H_kv, n_in]
+        scores[:, inside] = chunk_means(scores[:, inside], shifted, config.chunk)
     scores.index_fill_(1, flat.outside, float("inf"))
     grid = scores.new_full((num_kv, len(sizes) * flat.wmax), float("inf"))
     grid = grid.index_copy_(1, flat.dest, scores).view(num_kv, len(sizes), flat.wmax)  # [H_kv, P, wmax] reversed

@@ -53,6 +53,8 @@ CONFIGS = [
     CakeConfig(budget=16, window=8, pool_kind="avg", pool_kernel=1),
     CakeConfig(budget=16, window=4, indicator="snapkv"),
     CakeConfig(budget=16, window=4, indicator="tova"),
+    CakeConfig(budget=16, window=4, indicator="chunk", chunk=3),  # chunks cut by the window and by evictions
+    CakeConfig(budget=16, window=4, indicator="chunk", chunk=5, pool_kind="max", pool_kernel=7),
 ]
 
 
@@ -103,7 +105,9 @@ def random_layers_probs(capacity, seed, levels):
     return probs, [layer.positions for layer in cache.layers]
 
 
-@pytest.mark.parametrize("config", CONFIGS[:2] + CONFIGS[3:4], ids=lambda c: f"{c.indicator}-{c.pool_kind}")
+@pytest.mark.parametrize(
+    "config", CONFIGS[:2] + CONFIGS[3:4] + CONFIGS[5:], ids=lambda c: f"{c.indicator}-{c.pool_kind}"
+)
 @pytest.mark.parametrize("seed", range(3))
 def test_steps_that_reuse_the_order_evict_as_the_per_layer_path(config, seed):
     """Six decode steps on two copies of a cache: the batched policy (the order carried from step to
@@ -146,7 +150,7 @@ def test_batched_victims_refuse_what_they_do_not_score():
         batched_victims(CakeConfig(budget=16, window=4, indicator="h2o"), probs, positions, [8])
 
 
-@pytest.mark.parametrize("indicator", ["cake", "snapkv"])
+@pytest.mark.parametrize("indicator", ["cake", "snapkv", "chunk"])
 def test_generation_with_the_batched_step_equals_the_per_layer_step(tiny_model, monkeypatch, indicator):
     """Same tokens and the same logits at every step, bit for bit, and the same cache afterwards."""
     ids = torch.randint(0, 97, (1, 72), generator=torch.Generator().manual_seed(3))

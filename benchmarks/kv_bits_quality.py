@@ -8,10 +8,16 @@ quantized, `engine.kvmemory`); every question is then asked from that one cache,
 question in the window at budget B (`continuation.continue_and_decode(evict=True)`), and scored as
 `cake bench quality --suite real` scores it (`bench.quality.real`). File bytes are those of the .cake's tensors.
 
-A small sample for a quick check, not the evidence the default needs (benchmarks/cache.md):
+Every (document, question, layout, budget) answer is written to the JSON as it comes; a rerun with the same
+settings resumes (cells already answered are kept). `--report A.json[,B.json]` prints the tables of finished
+runs (merged: e.g. one run per budget) without loading a model: per budget and layout the score, exact accuracy,
+answerable and abstention accuracy, and the paired bootstrap interval (by question, `bench.bootstrap`) of exact
+accuracy minus the first layout's, with issue 47's target lines (a file at most 0.32x of the first within -2
+points at the interval's lower bound; a 2-bit file at most 0.2x within -3).
 
     python benchmarks/kv_bits_quality.py --documents python-shlex --questions 3 \
         -o benchmarks/runs/kv-bits-quality-smoke.json
+    python benchmarks/kv_bits_quality.py --report benchmarks/runs/kv-bits-quality-smoke.json
 """
 
 from __future__ import annotations
@@ -26,39 +32,62 @@ from types import SimpleNamespace
 import torch
 from safetensors.torch import save as save_tensors
 
+from cake_cli.bench.bootstrap import paired_interval
 from cake_cli.bench.quality.real import _row, build_case, common_prefix
 from cake_cli.bench.quality.run import Model
 from cake_cli.bench.real_docs import load_set, open_documents
 from cake_cli.bench.suites import REAL_TEMPLATE
-from cake_cli.cli.bench_options import configs_for
-from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK
+from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK, CakeConfig
 from cake_cli.engine.continuation import cache_tensors, continue_and_decode, quantized_in_memory
 from cake_cli.engine.replay import record, replay
+from cake_cli.models.profiles import profile_of
+from cake_cli.tasks.planning import cake_config_for
+from cake_cli.tasks.request import TaskRequest
 from cake_cli.tasks.runner import load_ready, prompt_limit, stop_token_ids
 from cake_cli.tasks.templates import load_template
+
+TARGETS = ((0.32, -2.0), (0.2, -3.0))  # issue 47: (file size at most this x the first layout's, lower bound, points)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model name or path (default: the embedded default)")
     parser.add_argument("--documents", default="python-shlex", help="real-set document ids, comma-separated")
-    parser.add_argument("--questions", type=int, default=6, help="each document's first N questions")
+    parser.add_argument("--questions", type=int, default=6, help="each document's first N questions (0: all)")
     parser.add_argument(
         "--layouts",
         default="16,4,2",
         help="comma-separated BITS[/SINK[/RECENT]] (defaults: the file's sink and the window); the first is the "
         "reference of the paired comparison",
     )
-    parser.add_argument("--budget", type=int, default=256, help="B, tokens per layer at question time")
+    parser.add_argument("--budgets", default="256", help="B, tokens per layer at question time, comma-separated")
+    parser.add_argument("--method", default=None, help="question-time eviction method (default: the profile's)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("-o", "--output", type=Path, required=True, help="JSON: settings and every answer")
+    parser.add_argument("-o", "--output", type=Path, help="JSON: settings and every answer (resumed if it exists)")
+    parser.add_argument("--report", default=None, help="print the tables of these finished runs (comma-separated)")
     args = parser.parse_args()
+    if args.report:
+        runs = [json.loads(Path(f).read_text()) for f in args.report.split(",")]
+        return print_report(runs)
+    if args.output is None:
+        raise SystemExit("error: give -o FILE.json (or --report FILES to print finished runs)")
+    run(args)
+
+
+def question_config(model: str | None, method: str | None, budget: int) -> CakeConfig:
+    """The CAKE settings `cake qa FILE.cake Q --budget B` evicts with: the profile's taus, window and pooling,
+    and `method` (default: the profile's)."""
+    return cake_config_for(profile_of(model), TaskRequest(task="bench", document="-", budget=budget, method=method))[0]
+
+
+def run(args) -> None:
     torch.set_num_threads(args.threads)
+    budgets = [int(b) for b in args.budgets.split(",")]
     layouts = [layout.split("/") for layout in args.layouts.split(",")]
     lm = load_ready(args.model, "auto", "sdpa").loaded  # switched to CAKE attention, as `cake qa` runs
     model = Model(lm.model, lm.tokenizer, prompt_limit(lm, 64), stop_token_ids(lm))
-    config = configs_for(args.model, None, [args.budget])[args.budget]
-    window, new_tokens = config.window, load_template(REAL_TEMPLATE).max_new_tokens
+    configs = {b: question_config(args.model, args.method, b) for b in budgets}
+    window, new_tokens = configs[budgets[0]].window, load_template(REAL_TEMPLATE).max_new_tokens
     documents, missing = open_documents(load_set(), args.documents.split(","))
     if missing:
         raise SystemExit(f"error: documents not installed: {', '.join(missing)}")
@@ -66,44 +95,99 @@ def main() -> None:
         (int(x[0]), int(x[1]) if len(x) > 1 else DEFAULT_KV_SINK, int(x[2]) if len(x) > 2 else window) for x in layouts
     ]  # (bits, sink, recent)
     names = [f"{b}" + ("" if (s, r) == (DEFAULT_KV_SINK, window) else f"/{s}/{r}") for b, s, r in layouts]
-    meta = dict(model=lm.name, dtype=str(lm.dtype), budget=args.budget, window=window, group=DEFAULT_KV_GROUP,
-                layouts=names, threads=args.threads)  # fmt: skip
+    method = configs[budgets[0]].indicator
+    meta = dict(model=lm.name, dtype=str(lm.dtype), budgets=budgets, window=window, group=DEFAULT_KV_GROUP,
+                layouts=names, threads=args.threads, method=args.method, indicator=method)  # fmt: skip
     rows, files = [], {}
+    if args.output.exists():
+        old = json.loads(args.output.read_text())
+        same = {k: v for k, v in old["meta"].items() if k not in ("budgets", "layouts", "threads")}
+        if same != {k: v for k, v in meta.items() if k not in ("budgets", "layouts", "threads")}:
+            raise SystemExit(f"error: {args.output} holds a run with other settings; give another -o")
+        rows, files = old["rows"], old["files"]
+        print(f"resuming {args.output}: {len(rows)} answers kept", flush=True)
+    done = {(r["source"], r["case_id"], r["layout"], r["budget"]) for r in rows}
     for doc in documents:
-        cases = [build_case(model, doc, q, 32768) for q in list(doc.questions)[: args.questions]]
-        n = common_prefix([c.input_ids for c in cases])
+        questions = list(doc.questions)[: args.questions or None]
+        todo = [(q, n, b) for q in questions for n in names for b in budgets if (doc.spec.id, q.id, n, b) not in done]
+        if not todo:
+            continue
+        cases = {q.id: build_case(model, doc, q, 32768) for q in questions}
+        n = common_prefix([c.input_ids for c in cases.values()])
         began = time.perf_counter()
-        whole = replay(record(model.model, torch.tensor([cases[0].input_ids[:n]]), window, accumulate=False), None)
+        whole = replay(
+            record(model.model, torch.tensor([cases[questions[0].id].input_ids[:n]]), window, accumulate=False), None
+        )
         print(f"{doc.spec.id}: {n}-token prefix prefilled in {time.perf_counter() - began:.1f} s", flush=True)
         for name, (bits, sink, recent) in zip(names, layouts):
+            if not any(t[1] == name for t in todo):
+                continue
             state = whole if bits == 16 else quantized_in_memory(whole, bits, DEFAULT_KV_GROUP, recent, sink)
             size = len(save_tensors(cache_tensors(whole.cache, bits, DEFAULT_KV_GROUP, recent, sink)))
             files[f"{doc.spec.id}/{name}"] = size
-            for case in cases:
+            for question, _, budget in [t for t in todo if t[1] == name]:
+                case, config = cases[question.id], configs[budget]
                 began = time.perf_counter()
                 ids = torch.tensor([case.input_ids])
                 result = continue_and_decode(model.model, state, ids, config, evict=True,
                                              max_new_tokens=new_tokens, stop_ids=model.stop_ids)  # fmt: skip
                 text = lm.tokenizer.decode(list(result.token_ids), skip_special_tokens=True).strip()
-                row = _row(case, SimpleNamespace(name=f"file-{name}"), args.budget, config, text,
+                row = _row(case, SimpleNamespace(name=f"file-{name}"), budget, config, text,
                            time.perf_counter() - began, 0.0)  # fmt: skip
                 rows.append(dict(asdict(row), layout=name, bits=bits, sink=sink, recent=recent, file_bytes=size))
-                print(f"  {name:>8} {case.question.id}: score {row.score:.2f} ({row.support})", flush=True)
-            args.output.write_text(json.dumps(dict(meta=meta, files=files, rows=rows), indent=1) + "\n")
-    print(f"\nsmall sample: {len(rows) // len(names)} questions per layout, B = {args.budget}")
-    print("| layout (bits[/sink/recent]) | score | exact | vs the first: better / same / worse | file bytes / first |")
-    print("|---|---:|---:|---|---:|")
-    ref = {r["case_id"]: r["score"] for r in rows if r["layout"] == names[0]}
-    for name in names:
-        mine = [r for r in rows if r["layout"] == name]
-        score = 100 * sum(r["score"] for r in mine) / len(mine)
-        exact = 100 * sum(r["exact"] for r in mine) / len(mine)
-        diffs = [r["score"] - ref[r["case_id"]] for r in mine]
-        wtl = f"{sum(d > 0 for d in diffs)} / {sum(d == 0 for d in diffs)} / {sum(d < 0 for d in diffs)}"
-        ratio = sum(files[f"{d.spec.id}/{name}"] for d in documents) / sum(
-            files[f"{d.spec.id}/{names[0]}"] for d in documents
-        )
-        print(f"| {name} | {score:.1f} | {exact:.1f} | {wtl} | {ratio:.3f} |")
+                print(f"  {name:>8} B={budget} {question.id}: score {row.score:.2f} ({row.support})", flush=True)
+                args.output.write_text(json.dumps(dict(meta=meta, files=files, rows=rows), indent=1) + "\n")
+    print_report([dict(meta=meta, files=files, rows=rows)])
+
+
+def print_report(runs: list[dict]) -> None:
+    """Markdown tables of finished runs (merged by cell; the same layouts first to last) and the target lines."""
+    names = runs[0]["meta"]["layouts"]
+    rows = {(r["source"], r["case_id"], r["layout"], r["budget"]): r for run in runs for r in run["rows"]}
+    files = {k: v for run in runs for k, v in run["files"].items()}
+    budgets = sorted({k[3] for k in rows})
+    meta = runs[0]["meta"]
+    print(f"model {meta['model']} ({meta['dtype']}), question-time indicator {meta.get('indicator', 'cake')}, "
+          f"group {meta['group']}, window {meta['window']}")  # fmt: skip
+    lines = []
+    for budget in budgets:
+        questions = sorted({k[:2] for k in rows if k[3] == budget and all((*k[:2], n, budget) in rows for n in names)})
+        if not questions:
+            continue
+        docs = sorted({q[0] for q in questions})
+        ref = [rows[(*q, names[0], budget)] for q in questions]
+        answerable = [i for i, r in enumerate(ref) if r["task"] == "real"]
+        print(f"\nB = {budget}: {len(questions)} questions ({len(answerable)} answerable) on {len(docs)} documents")
+        print("| layout | score | exact | answerable exact | abstentions right | better / same / worse "
+              "(exact) | exact − first [95% CI] | file / first |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---|---|---:|")
+        for name in names:
+            mine = [rows[(*q, name, budget)] for q in questions]
+            exact = [float(r["exact"]) for r in mine]
+            base = [float(r["exact"]) for r in ref]
+            ratio = sum(files[f"{d}/{name}"] for d in docs) / sum(files[f"{d}/{names[0]}"] for d in docs)
+            others = [i for i in range(len(mine)) if i not in set(answerable)]
+            diffs = [a - b for a, b in zip(exact, base)]
+            wtl = f"{sum(d > 0 for d in diffs)} / {sum(d == 0 for d in diffs)} / {sum(d < 0 for d in diffs)}"
+            ci = paired_interval(exact, base)
+            shown = "–" if name == names[0] else f"{100 * ci.mean:+.1f} [{100 * ci.low:+.1f}, {100 * ci.high:+.1f}]"
+            score = 100 * sum(r["score"] for r in mine) / len(mine)
+            print(f"| {name} | {score:.1f} | {100 * sum(exact) / len(exact):.1f} "
+                  f"| {_pct(exact, answerable)} | {_pct(exact, others)} | {wtl} | {shown} | {ratio:.3f} |")  # fmt: skip
+            for size, bound in TARGETS if name != names[0] else ():
+                if ratio <= size:
+                    verdict = "PASS" if 100 * ci.low >= bound else "FAIL"
+                    lines.append(f"{verdict} B={budget}: the {name}-bit file is {ratio:.3f}x the {names[0]}-bit one "
+                                 f"(target <= {size}x) and its exact answers differ by {100 * ci.mean:+.1f} "
+                                 f"[{100 * ci.low:+.1f}, {100 * ci.high:+.1f}] on {len(questions)} questions "
+                                 f"(target: lower bound >= {bound:+.0f})")  # fmt: skip
+    print()
+    for line in lines:
+        print(line)
+
+
+def _pct(values: list[float], idx: list[int]) -> str:
+    return f"{100 * sum(values[i] for i in idx) / len(idx):.1f}" if idx else "–"
 
 
 if __name__ == "__main__":

@@ -134,15 +134,18 @@ def float_list(text: str, what: str, low: float, high: float) -> list[float]:
     return values
 
 
-def configs_for(model: str | None, window: int | None, budgets: list[int]) -> dict[int, CakeConfig]:
-    """The CAKE settings (profile taus, window, gamma, pooling) of every budget, checked before any model loads.
+def configs_for(
+    model: str | None, window: int | None, budgets: list[int], method: str = "cake"
+) -> dict[int, CakeConfig]:
+    """The CAKE settings (profile taus, window, gamma, pooling) of every budget, checked before any model loads,
+    for `method` (the benchmarks' base: the paper's CAKE, whatever method the profile gives the tasks).
 
     Raises:
         ConfigError: a budget below the window, etc. (mapped to its flag).
     """
     profile = profile_of(model)
     return {
-        b: cake_config_for(profile, TaskRequest(task="bench", document="-", budget=b, window=window))[0]
+        b: cake_config_for(profile, TaskRequest(task="bench", document="-", budget=b, window=window, method=method))[0]
         for b in budgets
     }
 

@@ -26,7 +26,7 @@ from cake_cli.tasks.planning import plan
 from cake_cli.tasks.request import COMPRESS, Callbacks, Plan, TaskRequest
 from cake_cli.tasks.runner import ReadyModel
 from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING, FORMAT_VERSION, SUFFIX, SavedCache, read_saved
-from cake_cli.tasks.saved.request import check_scoring_method
+from cake_cli.tasks.saved.request import check_scoring_method, scoring_request
 
 CACHE_DIR = ".cake-cache"
 UPLOAD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._ -]{0,199}")  # one plain file name, no folders
@@ -113,7 +113,7 @@ class DocumentFolder:
         if scoring == DEFAULT_SCORING:  # kept whole: the file is the same whoever asks first (the CAKE defaults;
             # each request's own budget and method apply when it asks)
             request = replace(request, budget=None, window=None, method=None, allocation=None, indicator=None)
-        checked = plan(replace(request, task=COMPRESS, document=str(source), fields={}), cb)
+        checked = plan(scoring_request(replace(request, task=COMPRESS, document=str(source), fields={}), scoring), cb)
         check_scoring_method(checked, scoring)
         prefix = pipeline.open_prefix(self.ready, checked, cb, scoring)
         cake.parent.mkdir(parents=True, exist_ok=True)

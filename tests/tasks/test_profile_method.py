@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import yaml
 
 from cake_cli.tasks.planning import plan
@@ -31,3 +33,25 @@ def test_the_profile_method_runs_unless_method_is_given(cli_env, tiny_profile_di
     assert (given.config.allocation, given.config.indicator, given.request.method) == ("uniform", "snapkv", "snapkv")
     plain = plan(TaskRequest(**{**ask, "model": "tiny-test"}))  # no `method:` in its profile: the paper's CAKE
     assert (plain.config.indicator, plain.request.method) == ("cake", "cake")
+
+
+def test_reconstruct_runs_the_papers_cake_under_a_profile_method(cli_env, tiny_profile_dir, monkeypatch):
+    """--scoring reconstruct ranks by the reconstruction's attention: the profile's cake-chunk gives way to
+    cake when nothing was named; a named --method cake-chunk is still refused there in one line."""
+    import pytest
+
+    from cake_cli.errors import UsageError
+    from cake_cli.tasks.request import COMPRESS
+    from cake_cli.tasks.saved.request import check_scoring_method, scoring_request
+
+    monkeypatch.setenv("CAKE_PROFILES_DIR", str(_profile_dir(tiny_profile_dir, cli_env, "cake-chunk")))
+    doc = cli_env / "notes.txt"
+    doc.write_text("The gull rock lighthouse was lit in 1871 by the keeper. " * 40, encoding="utf-8")
+    request = TaskRequest(task=COMPRESS, document=str(doc), fields={}, model="tiny-chunk", budget=64)
+    assert plan(scoring_request(request, "question")).config.indicator == "chunk"  # kept whole: asked later
+    rebuilt = plan(scoring_request(request, "reconstruct"))
+    assert (rebuilt.config.allocation, rebuilt.config.indicator) == ("cake", "cake")
+    check_scoring_method(rebuilt, "reconstruct")
+    named = plan(scoring_request(replace(request, method="cake-chunk"), "reconstruct"))
+    with pytest.raises(UsageError, match="it takes no chunk indicator"):
+        check_scoring_method(named, "reconstruct")

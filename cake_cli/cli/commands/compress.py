@@ -18,7 +18,7 @@ from cake_cli.errors import UsageError, unknown_name
 from cake_cli.files import check_writable
 from cake_cli.tasks.request import COMPRESS
 from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING, SCORINGS, SUFFIX, is_cache_path
-from cake_cli.tasks.saved.request import check_scoring_method
+from cake_cli.tasks.saved.request import check_scoring_method, scoring_request
 
 CakeOutput = Annotated[
     str,
@@ -100,7 +100,7 @@ def compress(
             raise UsageError(f"{source} is already a compressed cache", "give the document it was made from")
         target = check_writable(output, "--output")
         progress = StderrProgress(opts.quiet)
-        checked = checked_plan(task_request(COMPRESS, source, {}, opts), progress)
+        checked = checked_plan(scoring_request(task_request(COMPRESS, source, {}, opts), scoring), progress)
         check_scoring_method(checked, scoring)
         from cake_cli.cli.runners import compress as sessions  # noqa: PLC0415 - torch loads after the checks
 
@@ -134,7 +134,9 @@ def chat(
             raise UsageError("chat reads its questions from stdin", "give the document as a file or a .cake file")
         output = check_writable(opts.output, "--output") if opts.output else None
         progress = StderrProgress(opts.quiet)
-        checked = checked_plan(task_request("qa", document, {"question": "?"}, opts), progress)
+        checked = checked_plan(
+            scoring_request(task_request("qa", document, {"question": "?"}, opts), scoring), progress
+        )
         check_scoring_method(checked, scoring)
         from cake_cli.cli.runners import compress as sessions  # noqa: PLC0415 - torch loads after the checks
 

@@ -114,7 +114,8 @@ def agnostic_part(setup: CacheBenchSetup, qmodel: QualityModel, data: dict, stat
     profile = profile_of(setup.model)
 
     def config(budget: int):
-        return cake_config_for(profile, TaskRequest(task="bench", document="-", budget=budget, window=setup.window))[0]
+        request = TaskRequest(task="bench", document="-", budget=budget, window=setup.window, method="cake")
+        return cake_config_for(profile, request)[0]  # the agnostic files are ranked by the paper's CAKE
 
     def save(part: dict) -> None:
         if setup.output is not None:

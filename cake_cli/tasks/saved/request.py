@@ -21,7 +21,7 @@ from cake_cli.models.dtypes import check_dtype
 from cake_cli.models.profiles import check_model_spec, model_spec
 from cake_cli.tasks.inputs.documents import Document
 from cake_cli.tasks.request import Plan, TaskRequest
-from cake_cli.tasks.saved.fileformat import CacheMeta, SavedCache
+from cake_cli.tasks.saved.fileformat import CacheMeta, SavedCache, is_cache_path
 from cake_cli.tasks.templates import load_template
 
 
@@ -136,6 +136,19 @@ def saved_config(meta: CacheMeta, decode_policy: str) -> CakeConfig:
 def saved_document(meta: CacheMeta) -> Document:
     """The document a cache was compressed from, as the task sees it (text for needle locations)."""
     return Document(text=meta.text, source=meta.source, kind=meta.kind, page_offsets=tuple(meta.page_offsets))
+
+
+def scoring_request(request: TaskRequest, scoring: str) -> TaskRequest:
+    """The request of a document compressed now with `scoring`: `reconstruct` ranks tokens by the attention
+    a reconstruction of the document gives them, so with neither --method nor --indicator given it runs the
+    paper's `cake` rather than the profile's default method (whose indicator, e.g. cake-chunk's, ranks a
+    question-aware prefill); what the user named is kept, and `check_scoring_method` checks it. A .cake
+    file's request is unchanged (the file's own method applies)."""
+    if is_cache_path(request.document):
+        return request
+    if scoring == "reconstruct" and request.method is None and request.indicator is None:
+        return replace(request, method="cake")
+    return request
 
 
 def check_scoring_method(plan: Plan, scoring: str) -> None:

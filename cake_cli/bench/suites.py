@@ -213,6 +213,7 @@ class CaseResult:
     genre: str | None = None  # genre suite: the haystack's genre (`bench.genres`); `split` is its split
     survival: list | None = None  # --diagnose survival: [L][F] share of each fact's tokens kept (`bench.survival`)
     kept: list | None = None  # --diagnose survival, real suite: [L] tokens each layer kept per KV head
+    check: float | None = None  # real suite, --abstain checked: the check pass's P(yes) (`tasks.answers.check`)
 
     @property
     def key(self) -> tuple:

@@ -16,7 +16,7 @@ from cake_cli.errors import UsageError, unknown_name
 from cake_cli.models.dtypes import check_dtype
 from cake_cli.models.profiles import Profile, check_model_spec
 from cake_cli.models.weights import check_weights
-from cake_cli.tasks.answers.abstain import ABSTAIN_MODES
+from cake_cli.tasks.answers.abstain import TASK_ABSTAIN_MODES
 from cake_cli.tasks.answers.completion import (
     DEFAULT_LINES,
     check_at_line,
@@ -116,8 +116,8 @@ def check_request(request: TaskRequest) -> None:
         check_at_line(request.at_line)
     if request.long not in LONG_MODES:
         raise unknown_name("--long mode", request.long, LONG_MODES)
-    if request.abstain not in ABSTAIN_MODES:
-        raise unknown_name("--abstain mode", request.abstain, ABSTAIN_MODES)
+    if request.abstain not in TASK_ABSTAIN_MODES:
+        raise unknown_name("--abstain mode", request.abstain, TASK_ABSTAIN_MODES)
     if request.long == SECTIONS and request.truncate == "error":
         raise UsageError(
             "--long sections reads a long document whole, --truncate error refuses it", "give only one of them"

@@ -12,6 +12,8 @@ from cake_cli.bench.quality.abstention import abstention_figures, rescore
 from cake_cli.bench.quality.report import real_target_checks
 from cake_cli.tasks.answers.abstain import (
     ABSTAIN_MODES,
+    CHECK_THRESHOLD,
+    CHECKED,
     FOREIGN,
     NEVER,
     WITHHELD,
@@ -59,8 +61,14 @@ def test_each_mode_withholds_exactly_the_answers_it_names(reply, status, foreign
     assert withheld == {
         NEVER: False,
         FOREIGN: status == "unsupported" and foreign,
+        CHECKED: status == "unsupported" and foreign,  # not asked (check None): foreign's rule
         WITHHOLD_UNSUPPORTED: status == "unsupported",
     }
+    for check in (0.0, CHECK_THRESHOLD - 1e-6, CHECK_THRESHOLD, 1.0):  # the model's own P(yes)
+        says_no = check < CHECK_THRESHOLD
+        assert decide(support, CHECKED, DOC, QUESTION, check).withheld == (
+            status == "unsupported" and (foreign or says_no)
+        )
     for mode in ABSTAIN_MODES:
         decided = decide(support, mode, DOC, QUESTION)
         # the model's answer, passage and status stay as they were: only `withheld` changes

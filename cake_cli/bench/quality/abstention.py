@@ -87,7 +87,7 @@ def rescore(rows: list[dict], mode: str, documents: Mapping[str, str], questions
         question, answers = questions[row["case_id"]]
         text = documents[row["source"]]
         support = find_support(row["prediction"], text, query=question)[1]
-        support = decide(support, mode, text, question)
+        support = decide(support, mode, text, question, row.get("check"))  # checked: the stored check pass
         abstained = counts_as_abstention(support)
         score, exact = real_scores(support.answer, abstained, answers if row["task"] == "real" else ())
         out.append({**row, "support": support.status, "abstained": abstained, "score": score, "exact": exact})

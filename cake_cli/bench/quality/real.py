@@ -33,7 +33,8 @@ from cake_cli.bench.suites import REAL_TASKS, REAL_TEMPLATE, CaseResult, RealSui
 from cake_cli.bench.survival import cache_positions, fact_survival, fact_token_spans
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.replay import prefix_cache, record
-from cake_cli.tasks.answers.abstain import NEVER, counts_as_abstention, decide
+from cake_cli.tasks.answers.abstain import CHECKED, NEVER, counts_as_abstention, decide
+from cake_cli.tasks.answers.check import check_answer, check_tokens
 from cake_cli.tasks.answers.cite import LOCATED, UNSUPPORTED, find_support
 from cake_cli.tasks.inputs.documents import page_of_offset
 from cake_cli.tasks.question_window import question_rows
@@ -192,12 +193,16 @@ def run_real(
     todo.sort(key=lambda item: (order[item[0].document.spec.id], item[0].length))  # a document's questions together
     shared = SharedPrefixes(model, todo, window) if can_share(model, accumulate) else None
     asks_rows = any(v.question_window for v in variants)  # cake-qwin: score_rows from each prompt's question
+    check = None
+    if suite.abstain == CHECKED and suite.long != SECTIONS:  # a sectioned reply is checked by none (foreign's rule)
+        check = partial(check_answer, model.model, tokens=check_tokens(model.tokenizer))
     for case, cells in todo:
         question, length = case.question, case.length
         prompts = _prompts(case)
         replies: dict = {}  # (variant name, budget) -> [reply of each section]
         seconds: dict = {}
         seen: dict = {}  # (variant name, budget) -> (survival [L][2], kept [L]) with diagnose
+        checks: dict = {}  # (variant name, budget) -> the check pass's P(yes) (`--abstain checked`, read whole)
         spans = evidence_spans(model, case) if diagnose and not case.sections else None
         inspect = partial(_inspect, spans=spans) if spans and spans[0] is not None else None
         recorded = 0.0
@@ -210,18 +215,19 @@ def run_real(
             rec = record(model.model, ids, window, accumulate=accumulate, prefix=prefix)
             recorded += rec.seconds
             rows_q = question_rows(model.tokenizer, input_ids, question.question) if asks_rows else None
-            for variant, budget, _, text, spent, inspected in replay_cells(
-                model, ids, rec, cells, configs, new_tokens, label, on_step, inspect, rows_q
+            for variant, budget, _, text, spent, inspected, checked in replay_cells(
+                model, ids, rec, cells, configs, new_tokens, label, on_step, inspect, rows_q, check
             ):
                 replies.setdefault((variant.name, budget), []).append(text)
                 seen[(variant.name, budget)] = inspected
+                checks[(variant.name, budget)] = checked
                 seconds[(variant.name, budget)] = seconds.get((variant.name, budget), 0.0) + spent
             del rec
         case_rows = []
         for variant, budget in cells:
             config = variant.config(configs[budget]) if budget is not None else None
             key = (variant.name, budget)
-            row = _row(case, variant, budget, config, replies[key], seconds[key], recorded, suite.abstain)
+            row = _row(case, variant, budget, config, replies[key], seconds[key], recorded, suite.abstain, checks[key])
             if seen.get(key) is not None:
                 row = replace(row, survival=seen[key][0], kept=seen[key][1])
             case_rows.append(row)
@@ -331,12 +337,14 @@ def _support(case: RealCase, replies: list[str]) -> tuple[str, Support]:
 
 
 def _row(
-    case: RealCase, variant: Variant, budget, config, replies, seconds: float, recorded: float, abstain: str = NEVER
-) -> CaseResult:
+    case: RealCase, variant: Variant, budget, config, replies, seconds: float, recorded: float, abstain: str = NEVER,
+    check: float | None = None,
+) -> CaseResult:  # fmt: skip
     """The scored row of one method's reply (a list: one reply per section with sections); an
-    unsupported answer is withheld (scored as an abstention) with `abstain` "unsupported"."""
+    unsupported answer is withheld (scored as an abstention) as `abstain.decide` rules with `abstain`
+    and `check` (the check pass's P(yes), `--abstain checked`), which the row keeps."""
     text, support = _support(case, [replies] if isinstance(replies, str) else list(replies))
-    support = decide(support, abstain, case.document.doc.text, case.question.question)
+    support = decide(support, abstain, case.document.doc.text, case.question.question, check)
     abstained = counts_as_abstention(support)
     score, exact = real_scores(support.answer, abstained, case.answers)
     return CaseResult(
@@ -358,4 +366,5 @@ def _row(
         source=case.document.spec.id,
         abstained=abstained,
         support=support.status,
+        check=None if check is None else round(check, 6),
     )

@@ -185,7 +185,7 @@ def run_grid(
         case_rows = []
         label = f"{task} {case.case_id} @ {length}"
         inspect = partial(_survival, spans=spans) if diagnose else None
-        for variant, budget, config, text, seconds, survival in replay_cells(
+        for variant, budget, config, text, seconds, survival, _ in replay_cells(
             model, ids, rec, cells, configs, new_tokens, label, on_step, inspect
         ):
             case_rows.append(
@@ -228,6 +228,7 @@ def replay_cells(
     on_step=None,
     inspect=None,
     question_rows: int | None = None,
+    check=None,
 ) -> list:
     """Every (variant, budget) cell of one recorded prefill, replayed and answered.
 
@@ -239,10 +240,13 @@ def replay_cells(
             called before the decode; its value ends each tuple (None without it).
         question_rows: the prompt's tokens from the question on (`tasks.question_window.question_rows`),
             the `score_rows` of a `question_window` variant (cake-qwin).
+        check: optional function (replayed prefill state, answer token ids) -> the check pass's P(yes)
+            (`tasks.answers.check.check_answer`), run on a second replay of the cell (decoding changed the
+            first); its value ends each tuple (None without it).
 
     Returns:
-        [(variant, budget, config, answer, seconds, inspected)] in cell order. Cells that keep the same tokens
-        with the same decode settings share one decode (their answers are identical).
+        [(variant, budget, config, answer, seconds, inspected, checked)] in cell order. Cells that keep the same
+        tokens with the same decode settings share one decode (their answers and checks are identical).
 
     Raises:
         ValueError: a `question_window` variant without `question_rows`.
@@ -261,8 +265,11 @@ def replay_cells(
         same = kept_key(state, config)
         if same not in answers:
             generated = decode(model.model, ids, state, config, max_new_tokens=new_tokens, stop_ids=model.stop_ids)
-            answers[same] = model.tokenizer.decode(list(generated.token_ids), skip_special_tokens=True).strip()
-        out.append((variant, budget, config, answers[same], time.perf_counter() - start, seen))
+            text = model.tokenizer.decode(list(generated.token_ids), skip_special_tokens=True).strip()
+            checked = check(replay(rec, config), list(generated.token_ids)) if check else None
+            answers[same] = (text, checked)
+        text, checked = answers[same]
+        out.append((variant, budget, config, text, time.perf_counter() - start, seen, checked))
     return out
 
 

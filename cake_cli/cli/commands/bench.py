@@ -111,7 +111,9 @@ def quality(
             "--abstain",
             metavar="MODE",
             help="--suite real: an answer no passage of the document holds is scored as `cake qa --abstain MODE` "
-            "shows it: unsupported (withheld: scored as an abstention) or never (scored as given).",
+            "shows it: unsupported (withheld: scored as an abstention) or never (scored as given); checked (the "
+            "benchmark's only): foreign's rule, and also withheld where the model, asked on its kept cache whether "
+            "the document states its answer, says no (tasks/answers/check.py).",
         ),
     ] = DEFAULT_ABSTAIN,
     versus: Annotated[

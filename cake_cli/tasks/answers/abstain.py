@@ -8,7 +8,9 @@ an answer is withheld: the reply the user gets says the document does not suppor
 own answer is kept beside it (the report's location line, `raw_answer` and `support.answer` in the
 JSON) and the support stays "unsupported" with `withheld` set. `--abstain foreign` withholds an
 unsupported answer only when one of its content words or numbers is nowhere in the document (an
-answer made of the document's own words, "RC bugs", "help", is shown, flagged); with `never` the
+answer made of the document's own words, "RC bugs", "help", is shown, flagged); `--abstain checked`
+also withholds an unsupported answer the model itself, asked on its kept cache whether the document
+states it (`tasks.answers.check`), gives a probability below CHECK_THRESHOLD; with `never` the
 answer is shown as the model gave it, flagged unsupported. Located answers and abstentions are
 never changed.
 """
@@ -21,8 +23,10 @@ from cake_cli.tasks.answers.cite import UNSUPPORTED
 from cake_cli.tasks.answers.locate import content_words, missing_numbers, missing_words
 from cake_cli.tasks.results import Support
 
-NEVER, FOREIGN, WITHHOLD_UNSUPPORTED = "never", "foreign", "unsupported"
-ABSTAIN_MODES = (NEVER, FOREIGN, WITHHOLD_UNSUPPORTED)
+NEVER, FOREIGN, WITHHOLD_UNSUPPORTED, CHECKED = "never", "foreign", "unsupported", "checked"
+ABSTAIN_MODES = (NEVER, FOREIGN, WITHHOLD_UNSUPPORTED, CHECKED)
+TASK_ABSTAIN_MODES = (NEVER, FOREIGN, WITHHOLD_UNSUPPORTED)  # `cake qa`'s: `checked` is measured by the benchmark only
+CHECK_THRESHOLD = 0.5  # `checked`: an unsupported answer the model itself gives P(yes) below this is withheld
 DEFAULT_ABSTAIN = FOREIGN  # `cake qa`'s and `cake bench quality --suite real`'s default (benchmarks/real.md)
 WITHHELD = "not supported by the document"  # the answer shown in place of one no passage supports
 
@@ -41,15 +45,18 @@ def foreign_terms(answer: str, document: str, query: str = "") -> list[str]:
     return words + [n for n in missing_numbers(document, answer) if n not in words]
 
 
-def decide(support: Support, mode: str, document: str = "", query: str = "") -> Support:
+def decide(support: Support, mode: str, document: str = "", query: str = "", check: float | None = None) -> Support:
     """The support of an answer after the abstention rule `mode`.
 
     Args:
         support: the answer's support as `cite.find_support` found it.
         mode: "never" (keep every answer), "foreign" (withhold an unsupported answer with a word
-            or number not in `document`) or "unsupported" (withhold every unsupported one).
-        document: the text the model read ("foreign" only).
-        query: the question ("foreign" only: its words are not the answer's content).
+            or number not in `document`), "checked" (also one whose `check` is below CHECK_THRESHOLD)
+            or "unsupported" (withhold every unsupported one).
+        document: the text the model read ("foreign", "checked").
+        query: the question ("foreign", "checked": its words are not the answer's content).
+        check: "checked": the model's P(yes) that the document states the answer
+            (`tasks.answers.check.check_answer`); None: not asked (the rule is then "foreign"'s).
 
     Returns:
         `support`, or when the rule withholds it a copy with `withheld` True (status, answer and
@@ -62,8 +69,9 @@ def decide(support: Support, mode: str, document: str = "", query: str = "") -> 
         raise ValueError(f"unknown abstention mode {mode!r} (one of {', '.join(ABSTAIN_MODES)})")
     if mode == NEVER or support.status != UNSUPPORTED:
         return support
-    if mode == FOREIGN and not foreign_terms(support.answer, document, query):
-        return support
+    if mode in (FOREIGN, CHECKED) and not foreign_terms(support.answer, document, query):
+        if mode == FOREIGN or check is None or check >= CHECK_THRESHOLD:
+            return support
     return replace(support, withheld=True)
 
 

@@ -20,7 +20,7 @@ import cake_cli.bench.quality.real as real
 import cake_cli.cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
 from cake_cli.bench.bootstrap import paired_interval
 from cake_cli.bench.quality.real import RealCase, _row, common_prefix, selected
-from cake_cli.bench.quality.report import real_intervals
+from cake_cli.bench.quality.report import keep_checks, real_intervals
 from cake_cli.bench.real_docs import (
     QUESTION_TYPES,
     SPLITS,
@@ -402,6 +402,29 @@ def test_real_intervals_pair_by_question_against_full_and_each_baseline():
             assert got[(other, group)] == want, (other, group)
     assert got[("full", "answerable")].cases == 3 and got[("snapkv", "all questions")].mean == pytest.approx(0.4)
     assert real_intervals(rows, ["full", "snapkv"], [64]) == []  # no cake in the run: nothing to compare
+
+
+def test_keep_checks_print_issue_45s_shares_and_the_lower_bound():
+    """40 answerable questions: the full cache right on 20; the method right on 19 at 1024 (95%: PASS on
+    the share, but its interval against full must also have a lower bound >= -5) and on 17 at 512 (85%)."""
+    rows = []
+    for i in range(40):
+        q = f"q{i}"
+        rows.append(dict(task="real", case_id=q, length=32768, method="full", budget=None, exact=float(i < 20)))
+        rows.append(dict(task="real", case_id=q, length=32768, method="m", budget=1024, exact=float(i < 19)))
+        rows.append(dict(task="real", case_id=q, length=32768, method="m", budget=512, exact=float(i < 17)))
+    rows.append(dict(task="real-absent", case_id="u", length=32768, method="m", budget=1024, exact=1.0))  # not counted
+    intervals = real_intervals(rows, ["full", "m"], [512, 1024], versus="m")
+    low = next(iv.interval for iv in intervals if (iv.other, iv.budget, iv.questions) == ("full", 1024, "answerable"))
+    lines = keep_checks(rows, intervals, "m")
+    want = "PASS" if low.low >= -0.05 else "FAIL"
+    assert lines[0].startswith(f"{want} B=1024: on the 40 answerable questions m keeps 95% of the full cache's")
+    assert f"m - full -2.5 [{100 * low.low:+.1f}, +0.0] (target: lower bound >= -5)" in lines[0]
+    assert (
+        lines[1]
+        == "FAIL B=512: on the 40 answerable questions m keeps 85% of the full cache's exact answers (target 90%)"
+    )
+    assert keep_checks([r for r in rows if r["method"] != "full"], intervals, "m") == []  # no full cache: no lines
 
 
 def test_page_of_offset_is_the_evidence_page():  # a PDF's evidence names its page

@@ -403,6 +403,33 @@ def real_intervals(rows: list[dict], methods, budgets, versus: str = "cake", **k
 
 
 INTERVALS_HEADING = "{versus} - other method, exact x 100, mean [95% paired bootstrap by question] (* lower bound >= 0)"
+KEEP_TARGETS = ((1024, 0.95, -0.05), (512, 0.90, None))  # issue 45: (B, share of full's answerable exact, CI low)
+
+
+def keep_checks(rows: list[dict], intervals: list[RealInterval], versus: str) -> list[str]:
+    """Issue 45's PASS / FAIL lines: `versus` keeps >= 95% of the full cache's exact accuracy on the
+    answerable questions at B = 1024 and >= 90% at 512, the interval of `versus` - full at 1024 with its
+    lower bound >= -5 points (`real_intervals`, the same questions paired)."""
+    lines = []
+    at = {(iv.other, iv.budget, iv.questions): iv.interval for iv in intervals if iv.versus == versus}
+    for budget, keep, low in KEEP_TARGETS:
+        full = [r["exact"] for r in rows if r["method"] == "full" and r["task"] in REAL_ANSWERABLE]
+        mine = [
+            r["exact"] for r in rows if r["method"] == versus and r["budget"] == budget and r["task"] in REAL_ANSWERABLE
+        ]
+        if not full or not mine or sum(full) == 0:
+            continue
+        share = (sum(mine) / len(mine)) / (sum(full) / len(full))
+        ok, text = share >= keep, f"keeps {share:.0%} of the full cache's exact answers (target {keep:.0%})"
+        interval = at.get(("full", budget, "answerable"))
+        if low is not None and interval is not None:
+            ok = ok and interval.low >= low - 1e-12
+            text += (
+                f"; {versus} - full {100 * interval.mean:+.1f} [{100 * interval.low:+.1f}, {100 * interval.high:+.1f}]"
+                f" (target: lower bound >= {100 * low:+.0f})"
+            )
+        lines.append(f"{'PASS' if ok else 'FAIL'} B={budget}: on the {len(mine)} answerable questions {versus} {text}")
+    return lines
 
 
 def interval_grid(intervals: list[RealInterval], budgets) -> list[list[str]]:

@@ -25,6 +25,7 @@ from cake_cli.bench.quality.report import (
     check_resumable,
     fmt_score,
     interval_grid,
+    keep_checks,
     load_results,
     of_setting,
     real_intervals,
@@ -215,8 +216,13 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
     weights = REAL_WEIGHTS if real else TASK_WEIGHTS
     summary = summarize(rows, names, budgets, weights=weights)
     exact = summarize(rows, names, budgets, metric="exact", weights=weights)
-    checks = target_checks(summary) + (real_target_checks(rows, exact) if real else [])
     intervals = real_intervals(rows, names, budgets, versus=setup.suite.versus) if real else []
+    if real:  # the real suite's lines are of --versus (cake, or the CAKE-based method a profile ships)
+        versus = setup.suite.versus
+        checks = target_checks(summary, versus) + real_target_checks(rows, exact, versus)
+        checks += keep_checks(rows, intervals, versus)
+    else:
+        checks = target_checks(summary)
     title = f"cake bench quality · {loaded.name}"
     half = f"{setup.suite.subset} documents" if real and setup.suite.subset else "all documents"
     output = setup.output

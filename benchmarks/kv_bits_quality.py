@@ -33,14 +33,16 @@ import torch
 from safetensors.torch import save as save_tensors
 
 from cake_cli.bench.bootstrap import paired_interval
+from cake_cli.bench.quality.abstention import rescore
 from cake_cli.bench.quality.real import _row, build_case, common_prefix
 from cake_cli.bench.quality.run import Model
-from cake_cli.bench.real_docs import load_set, open_documents
+from cake_cli.bench.real_docs import load_set, open_documents, read_document
 from cake_cli.bench.suites import REAL_TEMPLATE
 from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK, CakeConfig
 from cake_cli.engine.continuation import cache_tensors, continue_and_decode, quantized_in_memory
 from cake_cli.engine.replay import record, replay
 from cake_cli.models.profiles import profile_of
+from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 from cake_cli.tasks.planning import cake_config_for
 from cake_cli.tasks.request import TaskRequest
 from cake_cli.tasks.runner import load_ready, prompt_limit, stop_token_ids
@@ -65,10 +67,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("-o", "--output", type=Path, help="JSON: settings and every answer (resumed if it exists)")
     parser.add_argument("--report", default=None, help="print the tables of these finished runs (comma-separated)")
+    parser.add_argument(
+        "--abstain",
+        default=DEFAULT_ABSTAIN,
+        help=f"the tables' abstention rule (`cake qa`'s; default {DEFAULT_ABSTAIN})",
+    )
     args = parser.parse_args()
     if args.report:
         runs = [json.loads(Path(f).read_text()) for f in args.report.split(",")]
-        return print_report(runs)
+        return print_report(runs, args.abstain)
     if args.output is None:
         raise SystemExit("error: give -o FILE.json (or --report FILES to print finished runs)")
     run(args)
@@ -133,22 +140,29 @@ def run(args) -> None:
                                              max_new_tokens=new_tokens, stop_ids=model.stop_ids)  # fmt: skip
                 text = lm.tokenizer.decode(list(result.token_ids), skip_special_tokens=True).strip()
                 row = _row(case, SimpleNamespace(name=f"file-{name}"), budget, config, text,
-                           time.perf_counter() - began, 0.0)  # fmt: skip
+                           time.perf_counter() - began, 0.0, args.abstain)  # fmt: skip
                 rows.append(dict(asdict(row), layout=name, bits=bits, sink=sink, recent=recent, file_bytes=size))
                 print(f"  {name:>8} B={budget} {question.id}: score {row.score:.2f} ({row.support})", flush=True)
                 args.output.write_text(json.dumps(dict(meta=meta, files=files, rows=rows), indent=1) + "\n")
-    print_report([dict(meta=meta, files=files, rows=rows)])
+    print_report([dict(meta=meta, files=files, rows=rows)], args.abstain)
 
 
-def print_report(runs: list[dict]) -> None:
-    """Markdown tables of finished runs (merged by cell; the same layouts first to last) and the target lines."""
+def print_report(runs: list[dict], abstain: str = DEFAULT_ABSTAIN) -> None:
+    """Markdown tables of finished runs (merged by cell; the same layouts first to last) and the target lines,
+    every stored reply scored again as `cake qa --abstain abstain` shows it (`abstention.rescore`)."""
     names = runs[0]["meta"]["layouts"]
-    rows = {(r["source"], r["case_id"], r["layout"], r["budget"]): r for run in runs for r in run["rows"]}
+    stored = [r for run in runs for r in run["rows"]]
+    real = load_set()
+    wanted = {r["source"] for r in stored}
+    texts = {d.id: read_document(d).text for d in real.documents if d.id in wanted}
+    questions = {q.id: (q.question, q.answers) for q in real.questions}
+    rescored = rescore(stored, abstain, texts, questions)
+    rows = {(r["source"], r["case_id"], r["layout"], r["budget"]): r for r in rescored}
     files = {k: v for run in runs for k, v in run["files"].items()}
     budgets = sorted({k[3] for k in rows})
     meta = runs[0]["meta"]
     print(f"model {meta['model']} ({meta['dtype']}), question-time indicator {meta.get('indicator', 'cake')}, "
-          f"group {meta['group']}, window {meta['window']}")  # fmt: skip
+          f"group {meta['group']}, window {meta['window']}, replies scored with --abstain {abstain}")  # fmt: skip
     lines = []
     for budget in budgets:
         questions = sorted({k[:2] for k in rows if k[3] == budget and all((*k[:2], n, budget) in rows for n in names)})

@@ -127,6 +127,9 @@ def test_qwen_coder_is_the_embedded_default_with_searched_taus():
     assert p.max_prompt_tokens == 31500 < 32768  # room for generation under its 32768 positions
     assert [(t.budget, t.tau1, t.tau2) for t in p.taus] == [(128, 2.0, 1.5), (1024, 2.0, 1.5)]
     assert p.tau_source.startswith("cake bench tau-search --suite genres (2026-12-02): grid tau1 {1,2} x tau2")
+    # the tasks run cake-chunk (benchmarks/real.md); `cake` stays the paper's method, on --method cake
+    assert p.method == load_profile("qwen2.5-coder-1.5b").method == "cake-chunk"
+    assert load_profile("smollm2").method == load_profile("mistral").method == "cake"
     # the shipped point is what that search chose from its stored answers (benchmarks/runs/): the setting
     # and taus with the best score on the held-out genres, ties to the profile's earlier avg5
     results = json.loads((Path(__file__).parents[2] / "benchmarks/runs/genre-search-qwen-8k.json").read_text())

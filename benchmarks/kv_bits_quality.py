@@ -38,13 +38,11 @@ from cake_cli.bench.quality.real import _row, build_case, common_prefix
 from cake_cli.bench.quality.run import Model
 from cake_cli.bench.real_docs import load_set, open_documents, read_document
 from cake_cli.bench.suites import REAL_TEMPLATE
-from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK, CakeConfig
+from cake_cli.cli.bench_options import configs_for
+from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK
 from cake_cli.engine.continuation import cache_tensors, continue_and_decode, quantized_in_memory
 from cake_cli.engine.replay import record, replay
-from cake_cli.models.profiles import profile_of
 from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
-from cake_cli.tasks.planning import cake_config_for
-from cake_cli.tasks.request import TaskRequest
 from cake_cli.tasks.runner import load_ready, prompt_limit, stop_token_ids
 from cake_cli.tasks.templates import load_template
 
@@ -81,19 +79,13 @@ def main() -> None:
     run(args)
 
 
-def question_config(model: str | None, method: str | None, budget: int) -> CakeConfig:
-    """The CAKE settings `cake qa FILE.cake Q --budget B` evicts with: the profile's taus, window and pooling,
-    and `method` (default: the profile's)."""
-    return cake_config_for(profile_of(model), TaskRequest(task="bench", document="-", budget=budget, method=method))[0]
-
-
 def run(args) -> None:
     torch.set_num_threads(args.threads)
     budgets = [int(b) for b in args.budgets.split(",")]
     layouts = [layout.split("/") for layout in args.layouts.split(",")]
     lm = load_ready(args.model, "auto", "sdpa").loaded  # switched to CAKE attention, as `cake qa` runs
     model = Model(lm.model, lm.tokenizer, prompt_limit(lm, 64), stop_token_ids(lm))
-    configs = {b: question_config(args.model, args.method, b) for b in budgets}
+    configs = configs_for(args.model, None, budgets, args.method)  # None: the profile's method, as `cake qa`
     window, new_tokens = configs[budgets[0]].window, load_template(REAL_TEMPLATE).max_new_tokens
     documents, missing = open_documents(load_set(), args.documents.split(","))
     if missing:

@@ -23,12 +23,10 @@ import torch
 from cake_cli.bench.quality.real import build_case, common_prefix
 from cake_cli.bench.quality.run import Model
 from cake_cli.bench.real_docs import load_set, open_documents
+from cake_cli.cli.bench_options import configs_for
 from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK
 from cake_cli.engine.continuation import continue_prefix, quantized_in_memory
 from cake_cli.engine.replay import record, replay
-from cake_cli.models.profiles import profile_of
-from cake_cli.tasks.planning import cake_config_for
-from cake_cli.tasks.request import TaskRequest
 from cake_cli.tasks.runner import load_ready, prompt_limit, stop_token_ids
 
 
@@ -45,8 +43,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lm = load_ready(args.model, "auto", "sdpa").loaded
     model = Model(lm.model, lm.tokenizer, prompt_limit(lm, 64), stop_token_ids(lm))
-    request = TaskRequest(task="bench", document="-", budget=args.budget, method=args.method)
-    config = cake_config_for(profile_of(args.model), request)[0]
+    config = configs_for(args.model, None, [args.budget], args.method)[args.budget]
     documents, missing = open_documents(load_set(), [args.document])
     if missing:
         raise SystemExit(f"error: document not installed: {args.document}")

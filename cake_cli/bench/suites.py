@@ -17,13 +17,13 @@ from cake_cli.bench.splits import case_id, check_split
 from cake_cli.engine.allocation import ALLOCATIONS, SCORE_ALLOCATIONS
 from cake_cli.engine.config import ConfigError
 from cake_cli.engine.indicators import INDICATORS
-from cake_cli.engine.methods import METHODS, QUESTION_METHODS, resolve
+from cake_cli.engine.methods import BEYOND_PAPER, METHODS, QUESTION_METHODS, resolve
 from cake_cli.errors import UsageError, unknown_name
 from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 
 # `cake bench speed` (cake-grow: CAKE with the grow decode policy)
 SPEED_METHODS = ("full", "snapkv", "pyramidkv", "cake", "cake-grow", "cake-chunk")
-SPEED_DEFAULT = SPEED_METHODS[:-1]  # cake-chunk (not the paper's) runs when named
+SPEED_DEFAULT = tuple(m for m in SPEED_METHODS if m not in BEYOND_PAPER)  # cake-chunk (not the paper's) when named
 TASKS = (*NEEDLE_TASKS, "qa")
 CASE_DRAW = 2  # how cases are drawn from the data; 2: QA questions per (length, depth, repeat), 1: per (depth, repeat)
 TEMPLATES = {

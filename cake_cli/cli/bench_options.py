@@ -135,10 +135,11 @@ def float_list(text: str, what: str, low: float, high: float) -> list[float]:
 
 
 def configs_for(
-    model: str | None, window: int | None, budgets: list[int], method: str = "cake"
+    model: str | None, window: int | None, budgets: list[int], method: str | None = "cake"
 ) -> dict[int, CakeConfig]:
     """The CAKE settings (profile taus, window, gamma, pooling) of every budget, checked before any model loads,
-    for `method` (the benchmarks' base: the paper's CAKE, whatever method the profile gives the tasks).
+    for `method` (default the benchmarks' base: the paper's CAKE, whatever method the profile gives the tasks;
+    None: the profile's, as the tasks run it).
 
     Raises:
         ConfigError: a budget below the window, etc. (mapped to its flag).

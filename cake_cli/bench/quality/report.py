@@ -412,8 +412,8 @@ def keep_checks(rows: list[dict], intervals: list[RealInterval], versus: str) ->
     lower bound >= -5 points (`real_intervals`, the same questions paired)."""
     lines = []
     at = {(iv.other, iv.budget, iv.questions): iv.interval for iv in intervals if iv.versus == versus}
+    full = [r["exact"] for r in rows if r["method"] == "full" and r["task"] in REAL_ANSWERABLE]
     for budget, keep, low in KEEP_TARGETS:
-        full = [r["exact"] for r in rows if r["method"] == "full" and r["task"] in REAL_ANSWERABLE]
         mine = [
             r["exact"] for r in rows if r["method"] == versus and r["budget"] == budget and r["task"] in REAL_ANSWERABLE
         ]

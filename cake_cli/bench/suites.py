@@ -150,6 +150,24 @@ class Variant:
         return replace(config, tau1=self.taus[0], tau2=self.taus[1]) if self.taus else config
 
 
+CHUNK_SIZED = "cake-chunk:"  # `--methods cake-chunk:N`: cake-chunk with chunks of N tokens (the chunk-size search)
+
+
+def chunk_variant(name: str) -> Variant:
+    """`cake-chunk:N` as a Variant: CAKE's budgets keeping whole chunks of N tokens (`CakeConfig.chunk`).
+
+    Raises:
+        UsageError: N is not a whole number of at least 1.
+    """
+    size = name[len(CHUNK_SIZED) :]
+    if not size.isdigit() or int(size) < 1:
+        raise UsageError(
+            f"'{name}': the chunk size must be a whole number of tokens, at least 1",
+            "write cake-chunk:N, e.g. cake-chunk:20",
+        )
+    return Variant(name, *resolve("cake-chunk"), chunk=int(size))
+
+
 def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
     """Variants from `--methods a,b` (METHODS names) and `--pairings alloc+ind,...` (`methods.resolve`).
 
@@ -163,6 +181,9 @@ def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
                 continue
             if option == "--methods" and name in QUESTION_METHODS:
                 out.append(Variant(name, *resolve(QUESTION_METHODS[name]), question_window=True))
+                continue
+            if option == "--methods" and name.startswith(CHUNK_SIZED):
+                out.append(chunk_variant(name))
                 continue
             if option == "--methods" and name not in METHODS:
                 raise unknown_name("method", name, [*METHODS, *QUESTION_METHODS])

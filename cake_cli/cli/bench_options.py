@@ -29,7 +29,8 @@ Methods = Annotated[
     str,
     typer.Option(
         metavar="LIST",
-        help=f"Comma-separated methods: {', '.join([*METHODS, *QUESTION_METHODS])} (cake-qwin: --suite real only).",
+        help=f"Comma-separated methods: {', '.join([*METHODS, *QUESTION_METHODS])} (cake-qwin: --suite real only); "
+        "cake-chunk:N runs cake-chunk with chunks of N tokens (the profile's size otherwise).",
     ),
 ]
 Pairings = Annotated[

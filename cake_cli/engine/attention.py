@@ -99,6 +99,25 @@ def per_head_mask(allowed: torch.Tensor | None, live: torch.Tensor, num_heads: i
     return mask[None]  # [1, H, q or 1, k]
 
 
+def masked_sdpa(query, key, value, allowed: torch.Tensor, scaling: float, dropout: float) -> torch.Tensor:
+    """torch's SDPA with a boolean mask, each KV head read by its g = H / H_kv query heads in the kernel
+    (`enable_gqa`) on CPU. transformers repeats the keys and values to H heads whenever a mask is given (on
+    CUDA a masked GQA call leaves the fused kernels); on CPU that copy of every key and value took about a
+    tenth of a question-time pass over a 16K-token cache, and the kernel is as fast either way.
+
+    Args:
+        query: [1, H, q, d]; key, value: [1, H_kv, k, d].
+        allowed: [q, k] bool, True = attend.
+
+    Returns:
+        [1, q, H, d] attention output, contiguous (transformers' layout).
+    """
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=allowed[None, None], dropout_p=dropout, scale=scaling, enable_gqa=True
+    )  # [1, H, q, d]
+    return out.transpose(1, 2).contiguous()
+
+
 def _backend_call(backend: str, module, query, key, value, scaling, dropout, window, softcap, kwargs, live=None):
     """The backend's attention with this layer's mask (eager when soft-capping: SDPA has none); `live`
     [H_kv, k] narrows it per KV head (a ragged layer, `engine.headlengths`)."""
@@ -139,6 +158,8 @@ def _backend_call(backend: str, module, query, key, value, scaling, dropout, win
         # a prefill's [n, n] mask is never built for SDPA (is_causal does its work without the n² tensor)
         causal = q_len == k_len and (window is None or k_len <= window)  # SDPA's own is_causal is exact
         allowed = None if causal else visible(q_len, k_len, window, query.device)  # [q, k] or None
+        if allowed is not None and query.device.type == "cpu":
+            return masked_sdpa(query, key, value, allowed, scaling, dropout), None
         mask = None if allowed is None else allowed[None, None]
         return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
     allowed = visible(q_len, k_len, window, query.device)  # [q, k] or None
@@ -162,12 +183,12 @@ def fast_decode(backend: str, device: torch.device, k_len: int, window: int | No
 
 
 def attend(probs: torch.Tensor, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Attention output from probabilities: probs [H, 1, k] float32, value [1, H_kv, k, d] ->
-    [1, 1, H, d] in `dtype` (transformers' layout); query head h reads KV head h // g."""
-    num_heads, _, k = probs.shape
+    """Attention output from probabilities: probs [H, r, k] float32 (r query rows), value [1, H_kv, k, d]
+    -> [1, r, H, d] in `dtype` (transformers' layout); query head h reads KV head h // g."""
+    num_heads, rows, k = probs.shape
     num_kv, dim = value.shape[1], value.shape[-1]
-    out = torch.bmm(probs.view(num_kv, num_heads // num_kv, k), value[0].float())  # [H_kv, g, d]
-    return out.reshape(1, 1, num_heads, dim).to(dtype)
+    out = torch.bmm(probs.reshape(num_kv, num_heads // num_kv * rows, k), value[0].float())  # [H_kv, g·r, d]
+    return out.view(num_heads, rows, dim).transpose(0, 1).unsqueeze(0).to(dtype)  # [1, r, H, d]
 
 
 def decode_attention(cake, layer_idx: int, query, key, value, scaling: float, softcap, live) -> torch.Tensor:
@@ -187,6 +208,41 @@ def decode_attention(cake, layer_idx: int, query, key, value, scaling: float, so
     if cake is not None:
         cake.after_attention(layer_idx, query, key, scaling, probs=probs, softcap=softcap)
     return attend(probs, value, query.dtype)
+
+
+def window_split(cake, layer_idx: int, backend: str, query, key, window, live) -> int:
+    """How many of this forward's last query rows run as `window_attention` + `attend` (their
+    probabilities then score the layer, `split_attention`): the policy's observation window w when it
+    asks for it (`CakeCache.window_rows`: the question-time cascade) on CPU, without a sliding window or
+    per-head padding and with more query rows than w; 0 otherwise (the backend runs every row)."""
+    if cake is None or query.device.type != "cpu" or backend == "flash_attention_2" or live is not None:
+        return 0
+    if window is not None and key.shape[2] > window:
+        return 0
+    rows = cake.window_rows(layer_idx, key.shape[2])
+    return rows if 0 < rows < query.shape[2] else 0
+
+
+def split_attention(backend, module, query, key, value, scaling, dropout, softcap, kwargs, rows: int, cake):
+    """A forward's last `rows` queries (the observation window) by `window_attention` + `attend`, whose float32
+    probabilities are then handed to the cache as the layer's window attention (no second pass over the
+    keys); the queries before them by the backend over the keys they see (row i of the first q - rows sees
+    keys 0..k - q + i, all among the first k - rows).
+
+    Args:
+        query: [1, H, q, d] rotated; key, value: [1, H_kv, k, d]; rows: 0 < rows < q.
+
+    Returns:
+        [1, q, H, d] attention output in the query's dtype (transformers' layout).
+    """
+    probs = window_attention(query[0, :, -rows:], key[0], scaling, softcap)  # [H, rows, k] float32
+    tail = attend(probs, value, query.dtype)  # [1, rows, H, d]
+    head, _ = _backend_call(
+        backend, module, query[:, :, :-rows], key[:, :, :-rows], value[:, :, :-rows], scaling, dropout, None,
+        softcap, kwargs,
+    )  # fmt: skip
+    cake.after_attention(module.layer_idx, query, key, scaling, probs=probs, softcap=softcap)
+    return torch.cat([head, tail], dim=1)
 
 
 def _make(backend: str):
@@ -209,6 +265,9 @@ def _make(backend: str):
             or (cake is not None and cake.needs_probs(layer_idx, key.shape[2]))
         ):
             return decode_attention(cake, layer_idx, query, key, value, scaling, softcap, live), None
+        if rows := window_split(cake, layer_idx, backend, query, key, window, live):
+            out = split_attention(backend, module, query, key, value, scaling, dropout, softcap, kwargs, rows, cake)
+            return out, None
         out, _ = _backend_call(backend, module, query, key, value, scaling, dropout, window, softcap, kwargs, live)
         if cake is not None:
             cake.after_attention(layer_idx, query, key, scaling, softcap=softcap)

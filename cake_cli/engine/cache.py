@@ -354,6 +354,14 @@ class CakeCache(Cache):
             return False
         return getattr(self.policy, "needs_probs", lambda *_: False)(layer_idx, key_len)
 
+    def window_rows(self, layer_idx: int, key_len: int) -> int:
+        """Query rows whose probabilities layer `layer_idx`'s policy will score from in this forward when the
+        attention function hands them over (`attention.split_attention`); 0: the policy computes its own,
+        or none (a local layer, an accumulating one, no policy)."""
+        if self.policy is None or self.layers[layer_idx].window is not None or self.layers[layer_idx].accumulates:
+            return 0
+        return getattr(self.policy, "window_rows", lambda *_: 0)(layer_idx, key_len)
+
     def kv_bytes(self) -> int:
         """Bytes held now by every layer's key and value tensors, measured from the tensors."""
         self.settle()

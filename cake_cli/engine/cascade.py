@@ -115,13 +115,16 @@ class CascadePrefill:
             query: [1, H, n, d] rotated prompt queries of this layer.
             key: [1, H_kv, n, d] rotated prompt keys of this layer.
             scaling: softmax scale.
+            probs: [H, w, n] float32 attention of the last w queries when the attention function computed
+                it (`attention.split_attention`, asked for by `window_rows`), else None: computed here.
             softcap: the layer's attention logit soft-capping, or None.
         """
         start = time.perf_counter()
         w = self.config.window
         if self.prompt_len > w and self.windows[layer_idx] is None:
-            a = window_attention(query[0, :, -w:, :], key[0], scaling, softcap)  # [H, w, n]
-            self.observe(cache, layer_idx, a, key.shape[1])
+            if probs is None:
+                probs = window_attention(query[0, :, -w:, :], key[0], scaling, softcap)  # [H, w, n]
+            self.observe(cache, layer_idx, probs, key.shape[1])
         self.seconds += time.perf_counter() - start
         if self.on_layer is not None:
             self.on_layer(layer_idx, self.num_layers)

@@ -50,6 +50,12 @@ class DeferredCascade(CascadePrefill):
     eviction with the final budgets keeps the same tokens as evicting at every stage; it saves
     re-gathering every layer at every stage (L²/2 gathers down to L)."""
 
+    def window_rows(self, layer_idx: int, key_len: int) -> int:
+        """The window's w rows, when this forward scores the layer (`CakeCache.window_rows`): a question
+        runs few rows over a long prefix, the window is a large share of them, and its probabilities,
+        computed once, give both its output and its score (`attention.split_attention`)."""
+        return self.config.window if self.prompt_len > self.config.window and key_len == self.prompt_len else 0
+
     def evict_layer(self, cache, layer_idx: int, budget: int) -> None:
         """Evict only at the last stage (`CascadePrefill.evict_layer`); earlier stages record budgets."""
         if len(self.stages) == len(self.global_layers):  # local layers keep their window and get no stage
@@ -123,6 +129,13 @@ def drop_from(cache: CakeCache, position: int) -> None:
         layer.keep(order[:, : int(counts[0])])  # [1, H_kv, kept, d]
         layer.seen = position
     cache.full_bytes = full_cache_bytes(cache, position)
+
+
+def window_start(prefix: int, total: int, window: int) -> int:
+    """The first position a forward after a `prefix`-token cache must run for the prompt's last `window`
+    positions (the observation window) to have queries: the prefix's end when the `total - prefix` new
+    tokens hold the window, else the window's first position (the prefix's last tokens run again)."""
+    return min(prefix, max(total - window, 0))
 
 
 def continuation_capacity(config: CakeConfig, evicting: bool, lengths: list[int]) -> list[int]:
@@ -248,10 +261,11 @@ def continue_and_decode(
 def extend_and_evict(model, state: Prefilled, input_ids: torch.Tensor, config: CakeConfig, *, on_layer=None):
     """Question-aware CAKE on a prefix kept whole: the continuation runs with the cascade (Sec. 4.2).
 
-    The prefix's last w tokens are run again together with the continuation, so the observation
-    window holds exactly the prompt's last w tokens (their queries are not saved; H2O, which scores
-    every prompt query, runs the whole prompt again); every layer is scored from that window during
-    this one forward and evicted once at its end (`DeferredCascade`).
+    The observation window is the prompt's last w tokens, whose queries this forward must compute
+    (a prefix's queries are not saved): a continuation of q >= w tokens holds the whole window, and a
+    shorter one runs the prefix's last w - q tokens again with it (H2O, which scores every prompt
+    query, runs the whole prompt again). Every layer is scored from that window during this one
+    forward and evicted once at its end (`DeferredCascade`).
     The prefix's keys and values do not depend on what follows them, so the cache equals the one a
     prefill of the whole prompt leaves (Thm. 1 covers the order of the evictions).
 
@@ -270,9 +284,11 @@ def extend_and_evict(model, state: Prefilled, input_ids: torch.Tensor, config: C
     n, total = state.cache.layers[0].seen, input_ids.shape[1]
     if any(layer.live() != n for layer in state.cache.layers) or total <= n:
         raise ValueError("question-aware eviction needs a prefix kept whole and a prompt longer than it")
-    whole = accumulates(config.indicator)  # re-run the prefix's last w tokens (the window's queries), or all
+    whole = accumulates(config.indicator)
+    start = 0 if whole else window_start(n, total, config.window)
     cache = clone_cache(state.cache)
-    drop_from(cache, start := 0 if whole else max(n - config.window, 0))
+    if start < n:
+        drop_from(cache, start)
     cache.accumulate(whole)
     cascade = DeferredCascade(config, len(cache.layers), total, on_layer, windows=cache.windows)
     cache.policy = cascade

@@ -11,12 +11,16 @@ def dispersion(a_ev: torch.Tensor) -> float:
     """Spatial dispersion H_l = -sum_{h,i,j} A log A over the evictable columns (Eqs. 3-4).
 
     Args:
-        a_ev: [H, w, n - w] window attention over the evictable keys (not renormalised).
+        a_ev: [H, w, n - w] float32 window attention over the evictable keys (not renormalised).
 
     Returns:
         H_l >= 0 as a Python float (0 log 0 = 0).
     """
-    return float(torch.special.entr(a_ev).sum(dtype=torch.float64))  # entr(x) = -x log x, entr(0) = 0
+    # -sum a·log(max(a, tiny)): 0·log(tiny) = 0 stands for 0 log 0; in float32, whose pairwise sum agrees
+    # with a float64 reference to ~1e-7 relative (tests/engine/test_properties.py) at a quarter of the time
+    # of torch.special.entr summed in float64, the layer's largest scoring cost on a long prompt
+    logs = a_ev.clamp_min(torch.finfo(torch.float32).tiny).log_()  # [H, w, n - w]
+    return -float(logs.mul_(a_ev).sum())
 
 
 def shift(column_var: torch.Tensor) -> float:

@@ -18,7 +18,7 @@ import torch
 from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.cascade import CascadePrefill
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.continuation import clone_cache, drop_from
+from cake_cli.engine.continuation import clone_cache, drop_from, window_start
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled, forward_step, prefill, sync_device
 from cake_cli.engine.indicators import accumulates
@@ -35,7 +35,8 @@ class Recorder:
     def after_attention(
         self, cache, layer_idx, query, key, scaling, probs=None, softcap=None
     ) -> None:  # EvictionPolicy
-        if query.shape[2] > self.window and cache.layers[layer_idx].window is None:  # local layers are not scored
+        # a prompt longer than w is scored (the forward runs at least its last w queries); local layers are not
+        if key.shape[2] > self.window and query.shape[2] >= self.window and cache.layers[layer_idx].window is None:
             self.attention[layer_idx] = window_attention(query[0, :, -self.window :, :], key[0], scaling, softcap)
 
 
@@ -72,7 +73,8 @@ def record(
         accumulate: also accumulate every prompt query's attention per global layer (what H2O
             replays from; one more block-wise attention pass per layer, `window.accumulated_attention`).
         prefix: a full cache of the prompt's first n tokens (`prefix_cache`; left unchanged): only
-            the rest is run, with the prefix's last w tokens run again so that the observation
+            the rest is run, from the observation window's first position when the rest is shorter
+            than w (`continuation.window_start`: the prefix's last tokens run again), so that the
             window's queries are those of the whole prompt. The prefix's keys and values do not
             depend on what follows them, so the recording equals one of the whole prompt
             (`tests/engine/test_replay.py` checks it); `seconds` then counts only this forward.
@@ -97,8 +99,9 @@ def record(
                 "(sliding-window) layers, whose cache no longer holds the keys the re-run window attends to"
             )
         cache = clone_cache(prefix)
-        start = max(n - window, 0)
-        drop_from(cache, start)
+        start = window_start(n, input_ids.shape[1], window)
+        if start < n:
+            drop_from(cache, start)
         cache.policy = recorder
     sync_device(input_ids.device)
     began = time.perf_counter()

@@ -42,10 +42,9 @@ def window_attention(
     logits = torch.bmm(q, key.float().transpose(1, 2)).mul_(scaling).view(num_kv, group, w, n)  # [H_kv, g, w, n]
     if softcap is not None:
         logits = logits.div_(softcap).tanh_().mul_(softcap)
-    if w > 1:
-        rows = torch.arange(w, device=key.device).unsqueeze(1) + (n - w)  # [w, 1] absolute positions
-        cols = torch.arange(n, device=key.device).unsqueeze(0)  # [1, n]
-        logits.masked_fill_(cols > rows, float("-inf"))  # causal inside the window
+    if w > 1:  # causal inside the window: only its own last w keys are ever masked
+        future = torch.ones(w, w, dtype=torch.bool, device=key.device).triu_(1)  # [w, w]
+        logits[..., n - w :].masked_fill_(future, float("-inf"))
     if live is not None:
         logits.masked_fill_(~live[:, None, None, :], float("-inf"))  # [H_kv, 1, 1, n]: a head's padding
     return torch.softmax(logits, dim=-1).view(num_heads, w, n)  # [H, w, n]

@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from cake_cli.engine.indicators import DEFAULT_CHUNK
 from cake_cli.engine.methods import METHODS
 from cake_cli.errors import CakeError
 from cake_cli.models.embedded import EMBEDDED_MODELS
@@ -99,6 +100,7 @@ class ProfileFile(BaseModel):
     tau_rule: TauRule
     tau_source: str
     method: str = "cake"
+    chunk: PositiveInt = DEFAULT_CHUNK
 
     @field_validator("version", mode="before")
     @classmethod
@@ -257,6 +259,7 @@ def validate_profile(data: Any, file: Path) -> Profile:
         tau_rule=spec.tau_rule,
         tau_source=spec.tau_source,
         method=spec.method,
+        chunk=spec.chunk,
         source_file=file,
         aliases=spec.aliases,
         hub_id=spec.hub_id,

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from cake_cli.engine.indicators import DEFAULT_CHUNK
 from cake_cli.errors import UsageError
 
 SCHEMA_VERSION = 1
@@ -59,6 +60,7 @@ class Profile:
     tau_rule: str  # "log-linear" or "nearest"
     tau_source: str
     method: str = "cake"  # the tasks' method when --method is not given (engine.methods.METHODS, not full)
+    chunk: int = DEFAULT_CHUNK  # tokens per chunk of the cake-chunk method (CakeConfig.chunk)
     source_file: Path | None = None
     aliases: tuple[str, ...] = ()
     hub_id: str | None = None

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from cake_cli.cores import capped_threads
 from cake_cli.engine.config import CakeConfig, ConfigError
+from cake_cli.engine.indicators import DEFAULT_CHUNK
 from cake_cli.engine.methods import FULL, label, resolve
 from cake_cli.errors import UsageError, unknown_name
 from cake_cli.models.dtypes import check_dtype
@@ -64,11 +65,12 @@ def cake_config_for(profile: Profile | None, request: TaskRequest) -> tuple[Cake
     budget = DEFAULT_BUDGET if request.budget is None else request.budget
     if profile is None:
         tau1, tau2, rule = 1.0, 1.0, "no profile: default 1.0"
-        window, gamma, pool = DEFAULT_WINDOW, DEFAULT_GAMMA, DEFAULT_POOL
+        window, gamma, pool, chunk = DEFAULT_WINDOW, DEFAULT_GAMMA, DEFAULT_POOL, DEFAULT_CHUNK
     else:
         choice = profile.taus_for(budget) if budget > 0 else None
         tau1, tau2, rule = (choice.tau1, choice.tau2, choice.rule) if choice else (1.0, 1.0, "")
         window, gamma, pool = profile.window, profile.gamma, (profile.pooling.kind, profile.pooling.kernel)
+        chunk = profile.chunk
     pair = resolve(default_method(profile, request), request.allocation, request.indicator) or ("cake", "cake")
     window = request.window if request.window is not None else window
     if 0 < budget <= window:  # the engine allows it, but a task keeping only the window is useless
@@ -89,6 +91,7 @@ def cake_config_for(profile: Profile | None, request: TaskRequest) -> tuple[Cake
         decode_policy=request.decode_policy,
         allocation=pair[0],
         indicator=pair[1],
+        chunk=chunk,
     )
     return config, rule
 

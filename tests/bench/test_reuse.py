@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cake_cli.bench.quality.run import Model
-from cake_cli.bench.reuse import VARIANTS, quality_rows, summarize_quality
+from cake_cli.bench.reuse import VARIANTS, first_token_targets, quality_rows, summarize_quality
 from cake_cli.cli.main import app
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
@@ -52,6 +52,21 @@ def test_bench_cache_command_timing_part(cli_env):
         assert timing["prefill_seconds"] > 0 and timing["saved_seconds"] > 0
         assert timing["file_bytes"] > timing["kv_bytes"] and 450 < timing["prompt_tokens"] <= 600
     assert whole["kv_bytes"] > 3 * agnostic["kv_bytes"], "the whole prefix vs B·L tokens"
+    assert 0 < whole["pass_seconds"] < whole["saved_seconds"], "the pass is part of the saved path"
+    assert data["timing_targets"] == [f"INFO {whole['prompt_tokens']}-token prompt: the first-token targets are for "
+                                      "16K tokens (--length 16384)"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("speedup", "pass_seconds", "verdicts"), [(25.0, 2.5, ["PASS", "PASS"]), (9.9, 3.1, ["FAIL", "FAIL"])]
+)
+def test_first_token_targets_at_16k(speedup, pass_seconds, verdicts):
+    row = {"scoring": "question", "prompt_tokens": 16027, "speedup": speedup, "pass_seconds": pass_seconds,
+           "saved_seconds": 100 / speedup, "prefill_seconds": 100.0, "repeats": 3}  # fmt: skip
+    agnostic = {**row, "scoring": "instruction", "speedup": 1.0}
+    lines = first_token_targets([agnostic, row], "question")
+    assert [line.split()[0] for line in lines] == verdicts
+    assert f"{speedup:.1f}x sooner" in lines[0] and f"takes {pass_seconds:.2f} s (median of 3" in lines[1]
 
 
 def test_bench_cache_bad_options(cli_env):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 import cake_cli.cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
@@ -11,6 +12,7 @@ from cake_cli.bench.suites import Variant, parse_variants
 from cake_cli.cli.main import app
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.methods import METHODS, PAPER_METHODS
+from cake_cli.errors import UsageError
 from tests.helpers.texts import license_text
 
 runner = CliRunner()
@@ -53,3 +55,11 @@ def test_a_variant_overrides_the_chunk_size():
     assert variant.config(base).chunk == 10
     wider = Variant("cake-chunk-20", "cake", "chunk", chunk=20)
     assert (wider.config(base).indicator, wider.config(base).chunk) == ("chunk", 20)
+    named = parse_variants("full,cake-chunk:20,cake-chunk:5")
+    assert [(v.name, v.chunk) for v in named] == [("full", None), ("cake-chunk:20", 20), ("cake-chunk:5", 5)]
+    assert (named[1].config(base).allocation, named[1].config(base).indicator, named[1].config(base).chunk) == (
+        "cake", "chunk", 20
+    )  # fmt: skip
+    for bad in ("cake-chunk:0", "cake-chunk:x", "cake-chunk:"):
+        with pytest.raises(UsageError, match="chunk size must be a whole number"):
+            parse_variants(bad)

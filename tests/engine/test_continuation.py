@@ -158,10 +158,11 @@ def test_bad_tensors_are_refused():
 
 
 @pytest.mark.parametrize("policy", ["fixed", "grow"])
-@pytest.mark.parametrize("split", [30, 75])
+@pytest.mark.parametrize("split", [30, 75, 87])
 def test_question_aware_eviction_on_a_whole_prefix_equals_one_prefill(tiny_model, policy, split):
     """A prefix kept whole, then the rest of the prompt run with the cascade (`extend_and_evict`): the
-    same tokens kept per layer and KV head, and the same logits, as one CAKE prefill of the whole prompt."""
+    same tokens kept per layer and KV head, and the same logits, as one CAKE prefill of the whole prompt
+    (split 87: a 3-token continuation, shorter than the 6-token window, runs 3 prefix tokens again)."""
     full = ids_of(90, 11)
     config = CakeConfig(budget=24, window=6, decode_policy=policy)
     use_cake_attention(tiny_model, "sdpa")

@@ -63,3 +63,51 @@ def test_full_cache_decode_logits_match_the_plain_model():
     generate(model, ids, None, max_new_tokens=8, forced_tokens=forced, step_logits=steps)
     got = torch.cat(steps)  # [8, V]: the prefill's logits, then 7 decode steps'
     assert torch.allclose(got, plain, atol=1e-4, rtol=1e-4)
+
+
+class _Recorder:
+    """A stand-in CakeCache that asks for the last `rows` query rows and records what it is handed."""
+
+    def __init__(self, rows: int):
+        self.rows, self.probs = rows, None
+        self.layers = [SimpleNamespace(window=None, start=None, seen=0)]  # one global layer, no padding
+
+    def window_rows(self, layer_idx, key_len):
+        return self.rows
+
+    def after_attention(self, layer_idx, query, key, scaling, probs=None, softcap=None):
+        self.probs = probs
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "eager"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("q_len,keys", [(9, 300), (40, 40), (33, 500)])
+def test_window_rows_split_matches_the_backend_and_hands_over_their_probabilities(backend, dtype, tol, q_len, keys):
+    """`split_attention`: the last 8 rows by window_attention + attend, the rest by the backend, against a
+    float64 reference (cached keys visible, new queries causal); the probabilities handed to the cache are
+    the window's rows of the same reference (q = k: a whole prompt)."""
+    from cake_cli.engine.attention import window_split
+    from cake_cli.engine.window import window_attention
+
+    g = torch.Generator().manual_seed(q_len + keys)
+    heads, kv_heads, dim, rows = 14, 2, 64, 8
+    query = (torch.randn(1, heads, q_len, dim, generator=g) * 2).to(dtype)
+    key = (torch.randn(1, kv_heads, keys, dim, generator=g) * 2).to(dtype)
+    value = torch.randn(1, kv_heads, keys, dim, generator=g).to(dtype)
+    module, scaling, cake = _module(heads, kv_heads), dim**-0.5, _Recorder(rows)
+    assert window_split(cake, 0, backend, query, key, None, None) == rows
+    assert window_split(_Recorder(q_len), 0, backend, query, key, None, None) == 0, "every row a window row: no split"
+    out, _ = _make(backend)(module, query, key, value, None, scaling=scaling, cake=cake)
+    k64 = key.double()[0].repeat_interleave(heads // kv_heads, dim=0)  # [H, k, d]
+    v64 = value.double()[0].repeat_interleave(heads // kv_heads, dim=0)
+    logits = query.double()[0] @ k64.transpose(1, 2) * scaling  # [H, q, k]
+    future = torch.arange(keys)[None, :] > torch.arange(keys - q_len, keys)[:, None]  # [q, k]
+    probs = torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1)
+    ref = (probs @ v64).transpose(0, 1).unsqueeze(0)  # [1, q, H, d]
+    assert out.shape == (1, q_len, heads, dim) and out.dtype == dtype
+    old, _ = _backend_call(backend, module, query, key, value, scaling, 0.0, None, None, {})  # every row by it
+    err_split, err_old = (out.double() - ref).abs().max(), (old.double() - ref).abs().max()
+    assert err_split <= 2 * err_old + tol / 2  # about as exact as the backend alone (bf16 eager rounds its weights)
+    assert (out[:, -rows:].double() - ref[:, -rows:]).abs().max() <= tol, "the window rows: float32 probabilities"
+    torch.testing.assert_close(cake.probs.double(), probs[:, -rows:], atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(cake.probs, window_attention(query[0, :, -rows:], key[0], scaling), atol=0, rtol=0)

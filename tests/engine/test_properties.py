@@ -92,6 +92,23 @@ def test_statistics_are_finite_with_zeros_and_low_precision(dtype):
     assert log_preference(0.0, v, 1.0, 1.0) == float("-inf")  # P = 0, not NaN
 
 
+@pytest.mark.parametrize("sharpness", [0.5, 3.0, 30.0])
+def test_dispersion_and_window_attention_equal_float64_references(sharpness):
+    """Eq. 4 in float32 (`dispersion`) against -sum a log a in float64 with 0 log 0 = 0, and the window's
+    probabilities against a float64 softmax of the causally masked logits (row i sees keys 0..n - w + i)."""
+    gen = torch.Generator().manual_seed(int(sharpness * 10))
+    query = torch.randn(6, 5, 16, generator=gen) * sharpness
+    key = torch.randn(3, 400, 16, generator=gen) * sharpness
+    a = window_attention(query, key, 16**-0.5)  # [6, 5, 400]
+    logits = torch.einsum("hwd,hnd->hwn", query.double(), key.double().repeat_interleave(2, dim=0)) * 16**-0.5
+    future = torch.arange(400)[None, :] > torch.arange(395, 400)[:, None]  # [5, 400]
+    want = torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1)
+    torch.testing.assert_close(a.double(), want, atol=1e-6, rtol=1e-5)
+    a_ev = a[:, :, :395]
+    h64 = -float(torch.where(a_ev > 0, a_ev.double() * a_ev.double().log(), 0.0).sum())
+    assert dispersion(a_ev) == pytest.approx(h64, rel=1e-6)
+
+
 def test_single_window_row_has_zero_shift():
     a = torch.rand(2, 1, 10)
     assert shift(variance_rows(a)) == 0.0

@@ -316,6 +316,7 @@ def test_unknown_name_without_close_match_lists_valid():
         ({"method": "full"}, "method 'full' is not one of streamingllm, "),  # a profile's default evicts
         ({"method": "cake-chunks"}, "method 'cake-chunks' is not one of"),
         ({"method": 3}, "'method' must be"),
+        ({"chunk": 0}, "'chunk' must be a positive integer"),
     ],
 )
 def test_schema_errors(tmp_path, changes, needle):
@@ -359,7 +360,8 @@ def test_schema_not_a_mapping(tmp_path, text, needle):
 def test_valid_profile_parses_with_defaults(tmp_path):
     p = parse_profile(write(tmp_path, valid(aliases=None, gamma=0)))
     assert p.aliases == () and p.gamma == 0.0 and p.version == 1 and p.method == "cake"
-    assert parse_profile(write(tmp_path, valid(method="cake-chunk"))).method == "cake-chunk"
+    assert parse_profile(write(tmp_path, valid(method="cake-chunk"))).method == "cake-chunk" and p.chunk == 10
+    assert parse_profile(write(tmp_path, valid(method="cake-chunk", chunk=20))).chunk == 20
     assert p.hub_id == "org/toy" and p.source_file == tmp_path / "toy.yaml"
 
 

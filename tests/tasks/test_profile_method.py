@@ -11,9 +11,9 @@ from cake_cli.tasks.planning import plan
 from cake_cli.tasks.request import TaskRequest
 
 
-def _profile_dir(tiny_profile_dir, tmp_path, method):
+def _profile_dir(tiny_profile_dir, tmp_path, method, **settings):
     data = yaml.safe_load((tiny_profile_dir / "tiny-test.yaml").read_text())
-    data.update(name="tiny-chunk", method=method)
+    data.update(name="tiny-chunk", method=method, **settings)
     out = tmp_path / "profiles"
     out.mkdir()
     (out / "tiny-chunk.yaml").write_text(yaml.safe_dump(data))
@@ -33,6 +33,17 @@ def test_the_profile_method_runs_unless_method_is_given(cli_env, tiny_profile_di
     assert (given.config.allocation, given.config.indicator, given.request.method) == ("uniform", "snapkv", "snapkv")
     plain = plan(TaskRequest(**{**ask, "model": "tiny-test"}))  # no `method:` in its profile: the paper's CAKE
     assert (plain.config.indicator, plain.request.method) == ("cake", "cake")
+    assert chosen.config.chunk == plain.config.chunk == 10, "no `chunk:` in the profile: ChunkKV's 10 tokens"
+
+
+def test_the_profile_chunk_sets_the_chunk_size(cli_env, tiny_profile_dir, monkeypatch):
+    monkeypatch.setenv("CAKE_PROFILES_DIR", str(_profile_dir(tiny_profile_dir, cli_env, "cake-chunk", chunk=20)))
+    request = TaskRequest(task="qa", document="-", fields={"question": "When?"}, model="tiny-chunk", budget=64)
+    from cake_cli.models.profiles import load_profile
+    from cake_cli.tasks.planning import cake_config_for
+
+    config, _ = cake_config_for(load_profile("tiny-chunk"), request)
+    assert (config.indicator, config.chunk) == ("chunk", 20)
 
 
 def test_reconstruct_runs_the_papers_cake_under_a_profile_method(cli_env, tiny_profile_dir, monkeypatch):

@@ -248,7 +248,7 @@ def profiles_show(name: o.ProfileName, json_out: o.Json = False) -> None:
             "aliases": p["aliases"] or "–",
             "source": p["hub_id"] or (f"embedded: {p['embedded']}" if p["embedded"] else p["path"]),
             "weights": p["status"],
-            "method": p["method"],
+            "method": p["method"] + (f" (chunks of {p['chunk']} tokens)" if p["method"] == "cake-chunk" else ""),
             "dtype (CUDA)": p["dtype"],
             "max prompt": f"{p['max_prompt_tokens']} tokens",
             "window w": f"{p['window']} tokens",

@@ -51,10 +51,14 @@ class DeferredCascade(CascadePrefill):
     re-gathering every layer at every stage (L²/2 gathers down to L)."""
 
     def window_rows(self, layer_idx: int, key_len: int) -> int:
-        """The window's w rows, when this forward scores the layer (`CakeCache.window_rows`): a question
-        runs few rows over a long prefix, the window is a large share of them, and its probabilities,
-        computed once, give both its output and its score (`attention.split_attention`)."""
-        return self.config.window if self.prompt_len > self.config.window and key_len == self.prompt_len else 0
+        """The window's w rows, when this forward scores the layer to evict it (`CakeCache.window_rows`): a
+        question runs few rows over a long prefix, the window is a large share of them, and its
+        probabilities, computed once, give both its output and its score (`attention.split_attention`).
+        0 when nothing will be evicted: the backend then runs every row, so a prefix kept whole and
+        continued answers as a prefill of the whole prompt does, token for token."""
+        if not self.evicting or key_len != self.prompt_len:
+            return 0
+        return self.config.window
 
     def evict_layer(self, cache, layer_idx: int, budget: int) -> None:
         """Evict only at the last stage (`CascadePrefill.evict_layer`); earlier stages record budgets."""

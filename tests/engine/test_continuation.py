@@ -183,3 +183,14 @@ def test_question_aware_eviction_on_a_whole_prefix_equals_one_prefill(tiny_model
     torch.testing.assert_close(result.first_logits, aware.first_logits, atol=1e-4, rtol=0)
     for step, (got, want) in enumerate(zip(logits, aware_logits[1:])):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0, msg=f"decode step {step}")
+
+
+def test_the_question_time_cascade_asks_for_the_window_rows_only_when_it_evicts():
+    """`DeferredCascade.window_rows`: the window's w rows when the layer will be evicted (their probabilities
+    then give its output and its score, `attention.split_attention`); 0 when nothing is evicted, so the
+    backend runs every row as a prefill of the whole prompt does, and 0 for a forward over other keys."""
+    from cake_cli.engine.continuation import DeferredCascade
+
+    evicting = DeferredCascade(CakeConfig(budget=24, window=6), 4, 90)
+    assert evicting.window_rows(0, 90) == 6 and evicting.window_rows(0, 91) == 0
+    assert DeferredCascade(CakeConfig(budget=200, window=6), 4, 90).window_rows(0, 90) == 0

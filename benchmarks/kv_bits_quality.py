@@ -33,10 +33,10 @@ import torch
 from safetensors.torch import save as save_tensors
 
 from cake_cli.bench.bootstrap import paired_interval
-from cake_cli.bench.quality.abstention import rescore
+from cake_cli.bench.quality.abstention import rescore, rescore_inputs
 from cake_cli.bench.quality.real import _row, build_case, common_prefix
 from cake_cli.bench.quality.run import Model
-from cake_cli.bench.real_docs import load_set, open_documents, read_document
+from cake_cli.bench.real_docs import load_set, open_documents
 from cake_cli.bench.suites import REAL_TEMPLATE
 from cake_cli.cli.bench_options import configs_for
 from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK
@@ -144,11 +144,7 @@ def print_report(runs: list[dict], abstain: str = DEFAULT_ABSTAIN) -> None:
     every stored reply scored again as `cake qa --abstain abstain` shows it (`abstention.rescore`)."""
     names = runs[0]["meta"]["layouts"]
     stored = [r for run in runs for r in run["rows"]]
-    real = load_set()
-    wanted = {r["source"] for r in stored}
-    texts = {d.id: read_document(d).text for d in real.documents if d.id in wanted}
-    questions = {q.id: (q.question, q.answers) for q in real.questions}
-    rescored = rescore(stored, abstain, texts, questions)
+    rescored = rescore(stored, abstain, *rescore_inputs(stored))
     rows = {(r["source"], r["case_id"], r["layout"], r["budget"]): r for r in rescored}
     files = {k: v for run in runs for k, v in run["files"].items()}
     budgets = sorted({k[3] for k in rows})

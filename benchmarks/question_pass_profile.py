@@ -3,8 +3,9 @@
 One real-set document's prompt prefix (the `qa` template up to the question) is prefilled once and kept
 whole; at each bit width it is held as a .cake of those bits holds it in memory (`quantized_in_memory`,
 group 32, 32 recent and 4 sink tokens exact), and each of the document's first questions runs the
-question-aware eviction (`continuation.continue_prefix(evict=True)`: the window's last w prefix tokens
-and the question in one forward, every layer scored and evicted) under cProfile. Prints each pass's
+question-aware eviction (`continuation.continue_prefix(evict=True)`: the question in one forward, with
+the prefix's last tokens again when the question is shorter than the window w, every layer scored and
+evicted) under cProfile. Prints each pass's
 seconds and, for the last question of each width, the functions by their own time.
 
     python benchmarks/question_pass_profile.py --document python-statistics --bits 16,4,2
@@ -25,7 +26,7 @@ from cake_cli.bench.quality.run import Model
 from cake_cli.bench.real_docs import load_set, open_documents
 from cake_cli.cli.bench_options import configs_for
 from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK
-from cake_cli.engine.continuation import continue_prefix, quantized_in_memory
+from cake_cli.engine.continuation import continue_prefix, quantized_in_memory, window_start
 from cake_cli.engine.replay import record, replay
 from cake_cli.tasks.runner import load_ready, prompt_limit, stop_token_ids
 
@@ -65,7 +66,8 @@ def main() -> None:
             cont, _ = continue_prefix(model.model, held, ids, config, evict=True)
             profile.disable()
             wall = time.perf_counter() - began
-            print(f"{bits}-bit, question {i + 1}: {ids.shape[1] - n} new tokens (+ {window} window tokens run "
+            again = n - window_start(n, ids.shape[1], window)
+            print(f"{bits}-bit, question {i + 1}: {ids.shape[1] - n} new tokens (+ {again} prefix tokens run "
                   f"again), pass {wall:.2f} s, its forward {cont.seconds:.2f} s", flush=True)  # fmt: skip
             if i == len(cases) - 1:
                 out = io.StringIO()

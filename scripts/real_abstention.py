@@ -18,8 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from cake_cli.bench.quality.abstention import abstention_figures, rescore
-from cake_cli.bench.real_docs import load_set, read_document
+from cake_cli.bench.quality.abstention import abstention_figures, rescore, rescore_inputs
 from cake_cli.tasks.answers.abstain import ABSTAIN_MODES, NEVER
 
 HEADER = (
@@ -34,11 +33,8 @@ def _pct(part: int, whole: int) -> str:
 
 def table(runs: list[Path], modes: list[str]) -> str:
     """The markdown table of every run x mode x method x budget (see the module docstring)."""
-    real = load_set()
     loaded = [(path, json.loads(path.read_text())) for path in runs]
-    wanted = {r["source"] for _, data in loaded for r in data["rows"]}
-    texts = {d.id: read_document(d).text for d in real.documents if d.id in wanted}
-    questions = {q.id: (q.question, q.answers) for q in real.questions}
+    texts, questions = rescore_inputs([r for _, data in loaded for r in data["rows"]])
     lines = [HEADER]
     for path, data in loaded:
         cells = sorted({(r["method"], r["budget"]) for r in data["rows"]}, key=lambda c: (c[1] is not None, c))

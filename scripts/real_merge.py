@@ -20,9 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-from cake_cli.bench.quality.abstention import rescore
+from cake_cli.bench.quality.abstention import rescore, rescore_inputs
 from cake_cli.bench.quality.report import META_MUST_MATCH, row_key
-from cake_cli.bench.real_docs import load_set, read_document
 from cake_cli.files import write_atomic
 from cake_cli.tasks.answers.abstain import ABSTAIN_MODES, DEFAULT_ABSTAIN, NEVER
 
@@ -30,8 +29,6 @@ from cake_cli.tasks.answers.abstain import ABSTAIN_MODES, DEFAULT_ABSTAIN, NEVER
 def merge(paths: list[Path], mode: str, methods: list[str] | None = None) -> tuple[dict, list[str]]:
     """(the merged results file as a dict, report lines), with only the rows of `methods` when given.
     Raises SystemExit on files that differ in a setting of META_MUST_MATCH."""
-    real = load_set()
-    questions = {q.id: (q.question, q.answers) for q in real.questions}
     loaded = [(p, json.loads(p.read_text())) for p in paths]
     first = loaded[0][1]["meta"]
     rows: dict[tuple, dict] = {}
@@ -45,10 +42,8 @@ def merge(paths: list[Path], mode: str, methods: list[str] | None = None) -> tup
                 )
         file_rows = [r for r in data["rows"] if methods is None or r["method"] in methods]
         if meta.get("abstain", NEVER) != mode:
-            wanted = {r["source"] for r in file_rows}
-            texts = {d.id: read_document(d).text for d in real.documents if d.id in wanted}
             try:
-                file_rows = rescore(file_rows, mode, texts, questions)
+                file_rows = rescore(file_rows, mode, *rescore_inputs(file_rows))
             except ValueError as exc:
                 sys.exit(f"error: {path}: {exc} — rerun it with --abstain {mode}")
             lines.append(f"{path.name}: {len(file_rows)} rows rescored from --abstain {meta.get('abstain', NEVER)}")

@@ -210,14 +210,13 @@ def decode_attention(cake, layer_idx: int, query, key, value, scaling: float, so
     return attend(probs, value, query.dtype)
 
 
-def window_split(cake, layer_idx: int, backend: str, query, key, window, live) -> int:
+def window_split(cake, layer_idx: int, backend: str, query, key) -> int:
     """How many of this forward's last query rows run as `window_attention` + `attend` (their
-    probabilities then score the layer, `split_attention`): the policy's observation window w when it
-    asks for it (`CakeCache.window_rows`: the question-time cascade) on CPU, without a sliding window or
-    per-head padding and with more query rows than w; 0 otherwise (the backend runs every row)."""
-    if cake is None or query.device.type != "cpu" or backend == "flash_attention_2" or live is not None:
-        return 0
-    if window is not None and key.shape[2] > window:
+    probabilities then score the layer, `split_attention`): on CPU, the policy's observation window w
+    when the cache asks for it (`CakeCache.window_rows`: the question-time cascade, on a global layer
+    without per-head padding) and the forward has more query rows than w; 0 otherwise (the backend runs
+    every row)."""
+    if cake is None or query.device.type != "cpu" or backend == "flash_attention_2":
         return 0
     rows = cake.window_rows(layer_idx, key.shape[2])
     return rows if 0 < rows < query.shape[2] else 0
@@ -265,7 +264,7 @@ def _make(backend: str):
             or (cake is not None and cake.needs_probs(layer_idx, key.shape[2]))
         ):
             return decode_attention(cake, layer_idx, query, key, value, scaling, softcap, live), None
-        if rows := window_split(cake, layer_idx, backend, query, key, window, live):
+        if rows := window_split(cake, layer_idx, backend, query, key):
             out = split_attention(backend, module, query, key, value, scaling, dropout, softcap, kwargs, rows, cake)
             return out, None
         out, _ = _backend_call(backend, module, query, key, value, scaling, dropout, window, softcap, kwargs, live)

@@ -357,8 +357,10 @@ class CakeCache(Cache):
     def window_rows(self, layer_idx: int, key_len: int) -> int:
         """Query rows whose probabilities layer `layer_idx`'s policy will score from in this forward when the
         attention function hands them over (`attention.split_attention`); 0: the policy computes its own,
-        or none (a local layer, an accumulating one, no policy)."""
-        if self.policy is None or self.layers[layer_idx].window is not None or self.layers[layer_idx].accumulates:
+        or none (no policy; a local layer, an accumulating one, or one whose KV heads hold different numbers
+        of tokens, whose probabilities the split does not compute)."""
+        layer = self.layers[layer_idx]
+        if self.policy is None or layer.window is not None or layer.accumulates or layer.start is not None:
             return 0
         return getattr(self.policy, "window_rows", lambda *_: 0)(layer_idx, key_len)
 

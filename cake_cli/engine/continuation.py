@@ -116,12 +116,15 @@ def full_cache_bytes(cache: CakeCache, n: int) -> int:
 
 def drop_from(cache: CakeCache, position: int) -> None:
     """Remove every entry at true position >= `position` (a scoring probe appended after the
-    document) from every layer; the next token goes to `position` again.
+    document) from every layer; the next token goes to `position` again. Nothing at or past
+    `position` (every layer has seen at most `position` tokens): the cache is left as it is.
 
     Raises:
         ValueError: some KV head of a layer holds a different number of those entries (the probe
             must lie inside the observation window, which no head evicts).
     """
+    if cache.layers[0].seen <= position:
+        return
     for layer in cache.layers:
         if layer.start is not None:
             raise ValueError("cannot drop entries from a layer whose KV heads hold different numbers of tokens")
@@ -224,8 +227,7 @@ def probe_config(config: CakeConfig | None, probe_len: int) -> CakeConfig | None
 
 def without_probe(state: Prefilled, prefix_len: int) -> Prefilled:
     """The state after prefill of a prefix + probe, with the probe dropped (`drop_from`); unchanged without one."""
-    if state.cache.layers[0].seen > prefix_len:
-        drop_from(state.cache, prefix_len)
+    drop_from(state.cache, prefix_len)
     return replace(state, lengths=state.cache.lengths(), kv_bytes=state.cache.kv_bytes())
 
 
@@ -291,8 +293,7 @@ def extend_and_evict(model, state: Prefilled, input_ids: torch.Tensor, config: C
     whole = accumulates(config.indicator)
     start = 0 if whole else window_start(n, total, config.window)
     cache = clone_cache(state.cache)
-    if start < n:
-        drop_from(cache, start)
+    drop_from(cache, start)
     cache.accumulate(whole)
     cascade = DeferredCascade(config, len(cache.layers), total, on_layer, windows=cache.windows)
     cache.policy = cascade

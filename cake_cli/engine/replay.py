@@ -100,8 +100,7 @@ def record(
             )
         cache = clone_cache(prefix)
         start = window_start(n, input_ids.shape[1], window)
-        if start < n:
-            drop_from(cache, start)
+        drop_from(cache, start)
         cache.policy = recorder
     sync_device(input_ids.device)
     began = time.perf_counter()

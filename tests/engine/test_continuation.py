@@ -194,3 +194,17 @@ def test_the_question_time_cascade_asks_for_the_window_rows_only_when_it_evicts(
     evicting = DeferredCascade(CakeConfig(budget=24, window=6), 4, 90)
     assert evicting.window_rows(0, 90) == 6 and evicting.window_rows(0, 91) == 0
     assert DeferredCascade(CakeConfig(budget=200, window=6), 4, 90).window_rows(0, 90) == 0
+
+
+def test_the_cache_hands_the_window_rows_over_on_whole_global_layers_only():
+    """`CakeCache.window_rows`: the policy's rows on a global layer; 0 on a layer that accumulates H2O's
+    attention (it needs every query's) or whose KV heads hold different numbers of tokens (the split's
+    probabilities would spread over their padding)."""
+    from cake_cli.engine.cache import CakeCache
+    from cake_cli.engine.continuation import DeferredCascade
+
+    cache = CakeCache(2, policy=DeferredCascade(CakeConfig(budget=24, window=6), 2, 90))
+    assert [cache.window_rows(i, 90) for i in range(2)] == [6, 6]
+    cache.layers[0].accumulates = True
+    cache.layers[1].start = torch.zeros(2, dtype=torch.long)
+    assert [cache.window_rows(i, 90) for i in range(2)] == [0, 0]

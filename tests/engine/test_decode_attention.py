@@ -95,8 +95,8 @@ def test_window_rows_split_matches_the_backend_and_hands_over_their_probabilitie
     key = (torch.randn(1, kv_heads, keys, dim, generator=g) * 2).to(dtype)
     value = torch.randn(1, kv_heads, keys, dim, generator=g).to(dtype)
     module, scaling, cake = _module(heads, kv_heads), dim**-0.5, _Recorder(rows)
-    assert window_split(cake, 0, backend, query, key, None, None) == rows
-    assert window_split(_Recorder(q_len), 0, backend, query, key, None, None) == 0, "every row a window row: no split"
+    assert window_split(cake, 0, backend, query, key) == rows
+    assert window_split(_Recorder(q_len), 0, backend, query, key) == 0, "every row a window row: no split"
     out, _ = _make(backend)(module, query, key, value, None, scaling=scaling, cake=cake)
     k64 = key.double()[0].repeat_interleave(heads // kv_heads, dim=0)  # [H, k, d]
     v64 = value.double()[0].repeat_interleave(heads // kv_heads, dim=0)

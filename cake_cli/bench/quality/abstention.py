@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from cake_cli.bench.real_docs import load_set, read_document
 from cake_cli.bench.scoring import ABSTAIN_TASKS, real_scores
 from cake_cli.tasks.answers.abstain import counts_as_abstention, decide
 from cake_cli.tasks.answers.cite import find_support
@@ -63,6 +64,15 @@ def abstention_figures(rows: list[dict], method: str, budget: int | None) -> Abs
         unanswerable=len(unanswerable),
         abstained=sum(bool(r.get("abstained")) for r in unanswerable),
     )
+
+
+def rescore_inputs(rows: list[dict]) -> tuple[dict[str, str], dict[str, tuple]]:
+    """What `rescore` reads for `rows`, from the installed real set: document id -> its text (the rows'
+    documents only), question id -> (the question, its gold answers)."""
+    real = load_set()
+    wanted = {r["source"] for r in rows}
+    texts = {d.id: read_document(d).text for d in real.documents if d.id in wanted}
+    return texts, {q.id: (q.question, q.answers) for q in real.questions}
 
 
 def rescore(rows: list[dict], mode: str, documents: Mapping[str, str], questions: Mapping[str, str]) -> list[dict]:

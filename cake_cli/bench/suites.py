@@ -121,6 +121,8 @@ class Variant:
 
     `allocation` is None for "full" (no eviction). `question_window`: the prefill scores with the
     question's window rows only (`engine.methods.QUESTION_METHODS`), a count each case gives `config`.
+    `select`: the method runs on the prompt `cake qa --prefill select` reads (`NAME@select`, real suite
+    only: `bench.quality.selected`).
     """
 
     name: str
@@ -131,6 +133,8 @@ class Variant:
     gamma: float | None = None  # override the profile's gamma (Eq. 11)
     chunk: int | None = None  # override CakeConfig.chunk (tokens per chunk of the `chunk` indicator)
     question_window: bool = False  # score with the question's rows (CakeConfig.score_rows = question_rows)
+    select: bool = False  # read only the tokens GemFilter's early-layer selection keeps (`--prefill select`)
+    select_layer: int | None = None  # the selection's layer (`--select-layer`; None: `selection.default_layer`)
 
     def config(self, base, question_rows: int | None = None):
         """`base` (a CakeConfig for one budget) switched to this variant; None for "full". With
@@ -151,6 +155,7 @@ class Variant:
 
 
 CHUNK_SIZED = "cake-chunk:"  # `--methods cake-chunk:N`: cake-chunk with chunks of N tokens (the chunk-size search)
+SELECTED = "@select"  # `--methods NAME@select[:L]`: NAME on the prompt `cake qa --prefill select` reads (real suite)
 
 
 def chunk_variant(name: str) -> Variant:
@@ -168,6 +173,30 @@ def chunk_variant(name: str) -> Variant:
     return Variant(name, *resolve("cake-chunk"), chunk=int(size))
 
 
+def selected_variant(name: str) -> Variant:
+    """`NAME@select` or `NAME@select:L` as a Variant: method NAME (a budgeted METHODS name or
+    `cake-chunk:N`) run on the tokens `cake qa --prefill select` (with `--select-layer L`) keeps
+    (`bench.quality.selected`).
+
+    Raises:
+        UsageError: NAME is not a method with a budget (the selection keeps a multiple of the budget),
+            or L is not a whole number (a layer past the model's is refused when the model is loaded).
+    """
+    base, _, layer = name.partition(SELECTED)
+    if layer and (not layer.startswith(":") or not layer[1:].isdigit()):
+        raise UsageError(f"'{name}': the selection layer must be a whole number", f"write {base}{SELECTED}:9")
+    at = int(layer[1:]) if layer else None
+    if base.startswith(CHUNK_SIZED):
+        return replace(chunk_variant(base), name=name, select=True, select_layer=at)
+    if base not in METHODS or METHODS[base] is None:
+        budgeted = [m for m, pair in METHODS.items() if pair is not None]
+        raise UsageError(
+            f"'{name}': {SELECTED} runs a method with a budget on the selected prompt, and '{base}' is not one",
+            f"write one of {', '.join(m + SELECTED for m in budgeted)}",
+        )
+    return Variant(name, *resolve(base), select=True, select_layer=at)
+
+
 def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
     """Variants from `--methods a,b` (METHODS names) and `--pairings alloc+ind,...` (`methods.resolve`).
 
@@ -178,6 +207,9 @@ def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
     for option, text in (("--methods", methods), ("--pairings", pairings)):
         for name in (m.strip() for m in text.split(",")):
             if not name:
+                continue
+            if option == "--methods" and SELECTED in name:
+                out.append(selected_variant(name))
                 continue
             if option == "--methods" and name in QUESTION_METHODS:
                 out.append(Variant(name, *resolve(QUESTION_METHODS[name]), question_window=True))

@@ -30,7 +30,8 @@ Methods = Annotated[
     typer.Option(
         metavar="LIST",
         help=f"Comma-separated methods: {', '.join([*METHODS, *QUESTION_METHODS])} (cake-qwin: --suite real only); "
-        "cake-chunk:N runs cake-chunk with chunks of N tokens (the profile's size otherwise).",
+        "cake-chunk:N runs cake-chunk with chunks of N tokens (the profile's size otherwise); NAME@select runs "
+        "NAME on the tokens cake qa --prefill select keeps (--suite real only).",
     ),
 ]
 Pairings = Annotated[

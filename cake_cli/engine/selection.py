@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from cake_cli.engine.cache import CakeCache
+from cake_cli.engine.continuation import clone_cache, drop_from, window_start
 from cake_cli.engine.families import UnsupportedModelError, attention_layout
 from cake_cli.engine.window import window_attention
 
@@ -95,7 +96,9 @@ def check_selectable(model) -> None:
 
 
 @torch.inference_mode()
-def selection_scores(model, input_ids: torch.Tensor, layer: int, queries: int = DEFAULT_QUERIES) -> torch.Tensor:
+def selection_scores(
+    model, input_ids: torch.Tensor, layer: int, queries: int = DEFAULT_QUERIES, prefix: CakeCache | None = None
+) -> torch.Tensor:
     """Run layers 0..`layer` over `input_ids` and score each token by the attention of the last `queries`.
 
     Args:
@@ -103,13 +106,19 @@ def selection_scores(model, input_ids: torch.Tensor, layer: int, queries: int = 
         input_ids: [1, n] prompt ids on the model's input device, n >= 2.
         layer: 0-based layer index whose attention ranks the tokens.
         queries: last tokens whose attention counts (at most n).
+        prefix: optional full cache of the prompt's first p < n tokens (`engine.replay.prefix_cache`, left
+            unchanged): only the rest runs, from the first of the last `queries` positions when the rest
+            is shorter (`continuation.window_start`), so several questions on one document pay the
+            document's cut-off forward once. The prefix's keys do not depend on what follows them, so the
+            scores equal those of the whole prompt (`tests/engine/test_selection.py`).
 
     Returns:
         [n] float32: sum over query heads h and the last min(queries, n) query rows i of A_h[i, j],
         the softmax attention of layer `layer` (causal; query head h reads KV head h // g).
 
     Raises:
-        ValueError: a layer outside 0..L-1, queries < 1, or a prompt not of shape [1, n >= 2].
+        ValueError: a layer outside 0..L-1, queries < 1, a prompt not of shape [1, n >= 2], or a prefix
+            not shorter than the prompt.
         UnsupportedModelError: see `check_selectable`.
     """
     num_layers = model.config.num_hidden_layers
@@ -121,10 +130,21 @@ def selection_scores(model, input_ids: torch.Tensor, layer: int, queries: int = 
         raise ValueError(f"expected input_ids of shape [1, n >= 2], got {tuple(input_ids.shape)}")
     check_selectable(model)
     hook = _ScoreAt(layer, queries)
-    cache = CakeCache(num_layers, policy=hook)
-    positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)  # [1, n]
+    n, start = input_ids.shape[1], 0
+    if prefix is None:
+        cache = CakeCache(num_layers, policy=hook)
+    else:
+        p = prefix.layers[0].seen
+        if p >= n:
+            raise ValueError(f"a prefix of {p} tokens is not shorter than the {n}-token prompt")
+        cache = clone_cache(prefix)
+        start = window_start(p, n, queries)
+        drop_from(cache, start)
+        cache.policy = hook
+    positions = torch.arange(start, n, device=input_ids.device).unsqueeze(0)  # [1, n - start]
+    ids = input_ids[:, start:]
     try:
-        model(input_ids=input_ids, position_ids=positions, cache=cache, cake=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=ids, position_ids=positions, cache=cache, cake=cache, use_cache=True, logits_to_keep=1)
     except _Reached:
         pass
     if hook.scores is None:  # a model whose forward never reached the hook
@@ -167,10 +187,11 @@ def select_tokens(
     layer: int | None = None,
     queries: int = DEFAULT_QUERIES,
     sinks: int = DEFAULT_SINKS,
+    prefix: CakeCache | None = None,
 ) -> Selection:
     """GemFilter's selection (module docstring): `selection_scores` at `layer` (default
-    `default_layer`), then `top_tokens` (every token when the document has at most `tokens`; the
-    cut-off forward still runs, so such a run pays for it and tests see the whole path).
+    `default_layer`; `prefix` as there), then `top_tokens` (every token when the document has at most
+    `tokens`; the cut-off forward still runs, so such a run pays for it and tests see the whole path).
 
     Raises:
         ValueError, UnsupportedModelError: see `selection_scores` and `top_tokens`.
@@ -178,6 +199,6 @@ def select_tokens(
     n = input_ids.shape[1]
     layer = default_layer(model.config.num_hidden_layers) if layer is None else layer
     start = time.perf_counter()
-    scores = selection_scores(model, input_ids, layer, queries)
+    scores = selection_scores(model, input_ids, layer, queries, prefix)
     kept = top_tokens(scores, protect_from, tokens, sinks)
     return Selection(layer, kept, n, time.perf_counter() - start)

@@ -20,7 +20,7 @@ import cake_cli.bench.quality.real as real
 import cake_cli.cli.commands.bench  # noqa: F401 - registers `cake bench` on the app
 from cake_cli.bench.bootstrap import paired_interval
 from cake_cli.bench.quality.real import RealCase, _row, common_prefix, selected
-from cake_cli.bench.quality.report import keep_checks, real_intervals
+from cake_cli.bench.quality.report import keep_checks, real_intervals, select_checks
 from cake_cli.bench.real_docs import (
     QUESTION_TYPES,
     SPLITS,
@@ -425,6 +425,27 @@ def test_keep_checks_print_issue_45s_shares_and_the_lower_bound():
         == "FAIL B=512: on the 40 answerable questions m keeps 85% of the full cache's exact answers (target 90%)"
     )
     assert keep_checks([r for r in rows if r["method"] != "full"], intervals, "m") == []  # no full cache: no lines
+
+
+def test_select_checks_compare_the_selected_prompt_with_its_method_on_the_full_prefill():
+    """50 answerable questions: m right on 25; m@select right on 24 of them at 256 (-2.0: PASS, within 2
+    points) and on 23 at 1024 (-4.0: FAIL); an unanswerable row is not counted."""
+    rows = []
+    for i in range(50):
+        q = f"q{i}"
+        for budget, right in ((256, 24), (1024, 23)):
+            rows.append(dict(task="real", case_id=q, length=32768, method="m", budget=budget, exact=float(i < 25)))
+            rows.append(dict(task="real", case_id=q, length=32768, method="m@select", budget=budget,
+                             exact=float(i < right)))  # fmt: skip
+    rows.append(dict(task="real-absent", case_id="u", length=32768, method="m@select", budget=256, exact=0.0))
+    rows.append(dict(task="real-absent", case_id="u", length=32768, method="m", budget=256, exact=1.0))
+    intervals = real_intervals(rows, ["m", "m@select"], [256, 1024], versus="m@select")
+    lines = select_checks(rows, intervals, "m@select")
+    assert [line.split(":")[0] for line in lines] == ["PASS B=256", "FAIL B=1024"]
+    want = "on the 50 answerable questions m@select answers 48.0% right, m on the full prefill 50.0%: -2.0 ["
+    assert want in lines[0]
+    assert lines[0].endswith("(target: within 2 points)") and ": -4.0 [" in lines[1]
+    assert select_checks(rows, real_intervals(rows, ["m", "m@select"], [256], versus="m"), "m") == []  # no @select
 
 
 def test_page_of_offset_is_the_evidence_page():  # a PDF's evidence names its page

@@ -11,6 +11,7 @@ from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.families import UnsupportedModelError
 from cake_cli.engine.generate import generate
+from cake_cli.engine.replay import prefix_cache
 from cake_cli.engine.selection import default_layer, select_tokens, selection_scores, top_tokens
 from tests.helpers.models import ids_of, tiny_family, tiny_llama
 
@@ -52,6 +53,25 @@ def test_scores_equal_the_layers_full_attention(arch, layer, queries, n):
     kept = top_tokens(ours, protect_from, tokens, sinks)
     assert kept == reference_top(ref.tolist(), protect_from, tokens, sinks)
     assert len(kept) == sinks + tokens + 7
+
+
+@pytest.mark.parametrize(
+    "arch, layer, queries, n, p",
+    [("llama", 1, 6, 57, 40), ("llama", 2, 8, 30, 27), ("qwen2", 2, 8, 64, 60), ("qwen2", 0, 3, 50, 10)],
+    ids=["rest-holds-window", "window-reaches-into-prefix", "qwen2-short-rest", "qwen2-long-rest"],
+)
+def test_scores_after_a_shared_prefix_equal_the_whole_prompts(arch, layer, queries, n, p):
+    model = tiny_llama() if arch == "llama" else tiny_family(arch)
+    use_cake_attention(model, "sdpa")
+    ids = ids_of(n, seed=n + p)
+    prefix = prefix_cache(model, ids[:, :p])
+    before = [layer_.keys.clone() for layer_ in prefix.layers]
+    ours = selection_scores(model, ids, layer, queries, prefix=prefix)
+    torch.testing.assert_close(ours.double(), reference_scores(model, ids, layer, queries), atol=1e-5, rtol=1e-5)
+    assert all(torch.equal(a.keys, b) for a, b in zip(prefix.layers, before))  # the prefix is left as it was
+    assert prefix.layers[0].seen == p
+    with pytest.raises(ValueError, match="not shorter"):
+        selection_scores(model, ids[:, :p], layer, queries, prefix=prefix)
 
 
 def test_selection_keeps_sinks_question_and_order():

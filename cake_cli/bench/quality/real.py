@@ -7,6 +7,7 @@ budget) replays its eviction on it and decodes greedily, as the other suites do.
 read apart and its passage looked for in the document (`tasks.answers.cite.find_support`), then
 scored (`scoring.real_scores`): F1 and exact against the gold answers when the passage was read,
 abstention accuracy when the answer is not in the document or in the part the cut left out.
+A `NAME@select` method answers on the prompt `cake qa --prefill select` reads (`quality.selected`).
 
 With `--long sections` a document longer than the context is read as `cake qa --long sections`
 reads it (`tasks.sections.split_sections`): each section is recorded and replayed on its own, and
@@ -27,12 +28,14 @@ from functools import partial
 import torch
 
 from cake_cli.bench.quality.run import Model, recording_accumulates, replay_cells, uses_taus
+from cake_cli.bench.quality.selected import replay_selected
 from cake_cli.bench.real_docs import OpenDocument, RealQuestion
 from cake_cli.bench.scoring import real_scores
 from cake_cli.bench.suites import REAL_TASKS, REAL_TEMPLATE, CaseResult, RealSuite, Variant, result_key
 from cake_cli.bench.survival import cache_positions, fact_survival, fact_token_spans
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.replay import prefix_cache, record
+from cake_cli.errors import CakeError
 from cake_cli.tasks.answers.abstain import CHECKED, NEVER, counts_as_abstention, decide
 from cake_cli.tasks.answers.check import check_answer, check_tokens
 from cake_cli.tasks.answers.cite import LOCATED, UNSUPPORTED, find_support
@@ -56,6 +59,7 @@ class RealCase:
     dropped: tuple[int, int] | None  # document characters the middle cut left out
     sections: tuple[tuple[int, int], ...] = ()  # --long sections: the sections' character spans
     section_ids: tuple[tuple[int, ...], ...] = ()  # and their prompts
+    prefix_tokens: int = 0  # the prompt's chat opening + document block (what --prefill select may drop)
 
     @property
     def answers(self) -> tuple[str, ...]:
@@ -113,7 +117,7 @@ def build_case(
         in_cut = cut is not None and found.start < cut[1] and found.end > cut[0]
         task = ("real-middle" if long == SECTIONS else "real-cut") if in_cut else "real"
     if long != SECTIONS or cut is None:
-        return RealCase(doc, question, length, task, prompt.input_ids, cut)
+        return RealCase(doc, question, length, task, prompt.input_ids, cut, prefix_tokens=prompt.prefix_tokens)
     overhead = len(build_prompt(model.tokenizer, template, "", max_prompt_tokens=10**9, **sizing).input_ids)
     spans = tuple(split_sections(model.tokenizer, text, max(limit - overhead - SLACK, 1)))
     ids = tuple(
@@ -155,7 +159,14 @@ def count_steps(documents, suite: RealSuite, variants, budgets, done) -> tuple[i
     """(prefills, replays) still to run: for the progress bar and its ETA (with sections: an estimate,
     one prefill per case)."""
     todo = pending(documents, suite, variants, budgets, done)
-    return len(todo), sum(len(cells) for *_, cells in todo)
+    return len(todo), sum(len(cells) + selection_steps(cells) for *_, cells in todo)
+
+
+def selection_steps(cells: list) -> int:
+    """Progress steps of a prompt's `@select` cells besides their replays (`quality.selected`): one
+    cut-off forward per selection layer named (the default once) and one prefill per (layer, budget)."""
+    chosen = [(v.select_layer, b) for v, b in cells if v.select]
+    return len({layer for layer, _ in chosen}) + len(set(chosen))
 
 
 def run_real(
@@ -180,6 +191,7 @@ def run_real(
     (`tasks.question_window.question_rows`)."""
     if not budgets:
         raise ValueError("run_real needs at least one budget")
+    check_selections(model, suite, variants)
     configs = {b: config_for_budget(b) for b in budgets}
     window = configs[budgets[0]].window
     accumulate = recording_accumulates(variants)  # H2O replays every prompt query's attention
@@ -203,6 +215,7 @@ def run_real(
         seconds: dict = {}
         seen: dict = {}  # (variant name, budget) -> (survival [L][2], kept [L]) with diagnose
         checks: dict = {}  # (variant name, budget) -> the check pass's P(yes) (`--abstain checked`, read whole)
+        selected_prefill: dict = {}  # (variant name, budget) -> its selected prompt's prefill (@select)
         spans = evidence_spans(model, case) if diagnose and not case.sections else None
         inspect = partial(_inspect, spans=spans) if spans and spans[0] is not None else None
         recorded = 0.0
@@ -212,22 +225,36 @@ def run_real(
             if on_step:
                 on_step(f"{label}: prefill {ids.shape[1]} tokens")
             prefix = shared.prefix(case, part - 1) if shared is not None else None
-            rec = record(model.model, ids, window, accumulate=accumulate, prefix=prefix)
-            recorded += rec.seconds
+            plain = [cell for cell in cells if not cell[0].select]
+            rec = None
+            if plain:
+                rec = record(model.model, ids, window, accumulate=accumulate, prefix=prefix)
+                recorded += rec.seconds
             rows_q = question_rows(model.tokenizer, input_ids, question.question) if asks_rows else None
             for variant, budget, _, text, spent, inspected, checked in replay_cells(
-                model, ids, rec, cells, configs, new_tokens, label, on_step, inspect, rows_q, check
+                model, ids, rec, plain, configs, new_tokens, label, on_step, inspect, rows_q, check
             ):
                 replies.setdefault((variant.name, budget), []).append(text)
                 seen[(variant.name, budget)] = inspected
                 checks[(variant.name, budget)] = checked
                 seconds[(variant.name, budget)] = seconds.get((variant.name, budget), 0.0) + spent
+            chosen = [cell for cell in cells if cell[0].select]
+            if chosen:
+                for variant, budget, _, text, spent, prefilled in replay_selected(
+                    model, ids, case.prefix_tokens, chosen, configs, new_tokens, label,
+                    window=window, prefix=prefix, whole=rec, on_step=on_step,
+                ):  # fmt: skip
+                    replies[(variant.name, budget)] = [text]
+                    checks[(variant.name, budget)] = None
+                    seconds[(variant.name, budget)] = spent
+                    selected_prefill[(variant.name, budget)] = prefilled
             del rec
         case_rows = []
         for variant, budget in cells:
             config = variant.config(configs[budget]) if budget is not None else None
             key = (variant.name, budget)
-            row = _row(case, variant, budget, config, replies[key], seconds[key], recorded, suite.abstain, checks[key])
+            prefilled = selected_prefill.get(key, recorded)
+            row = _row(case, variant, budget, config, replies[key], seconds[key], prefilled, suite.abstain, checks[key])
             if seen.get(key) is not None:
                 row = replace(row, survival=seen[key][0], kept=seen[key][1])
             case_rows.append(row)
@@ -235,6 +262,22 @@ def run_real(
         if on_case:
             on_case(case_rows)
     return rows
+
+
+def check_selections(model: Model, suite: RealSuite, variants: list[Variant]) -> None:
+    """Refuse `@select` variants the run cannot answer.
+
+    Raises:
+        ValueError: an `@select` variant with `--long sections` (a selection is made on one prompt).
+        CakeError: a selection layer past the model's layers.
+    """
+    if suite.long == SECTIONS and any(v.select for v in variants):
+        raise ValueError("@select methods run on one prompt per question: not with --long sections")
+    layers = model.model.config.num_hidden_layers
+    for v in variants:
+        if v.select_layer is not None and v.select_layer >= layers:
+            raise CakeError(f"'{v.name}': layer {v.select_layer} is past this model's {layers} layers",
+                            f"give a selection layer in 0..{layers - 1}")  # fmt: skip
 
 
 def evidence_spans(model: Model, case: RealCase) -> list[tuple[int, int] | None]:

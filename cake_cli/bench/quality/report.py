@@ -28,7 +28,7 @@ from pathlib import Path
 from cake_cli.bench.bootstrap import Interval, claim, paired_intervals
 from cake_cli.bench.quality.abstention import abstention_figures
 from cake_cli.bench.scoring import ABSTAIN_TASKS, TASK_WEIGHTS, weighted_overall
-from cake_cli.bench.suites import CASE_DRAW, result_key
+from cake_cli.bench.suites import CASE_DRAW, SELECTED, result_key
 from cake_cli.errors import CakeError, UsageError
 from cake_cli.files import write_atomic
 
@@ -429,6 +429,34 @@ def keep_checks(rows: list[dict], intervals: list[RealInterval], versus: str) ->
                 f" (target: lower bound >= {100 * low:+.0f})"
             )
         lines.append(f"{'PASS' if ok else 'FAIL'} B={budget}: on the {len(mine)} answerable questions {versus} {text}")
+    return lines
+
+
+SELECT_WITHIN = -0.02  # issue 46: --prefill select's exact accuracy within 2 points of the full prefill's
+
+
+def select_checks(rows: list[dict], intervals: list[RealInterval], versus: str) -> list[str]:
+    """Issue 46's PASS / FAIL lines for `--prefill select`: when `versus` is `NAME@select` and NAME is in the
+    run, at each budget `versus`'s exact accuracy on the answerable questions minus NAME's on the full
+    prefill (the same questions, paired: `real_intervals`) is at least -2 points; [] otherwise."""
+    base = versus.removesuffix(SELECTED)
+    if base == versus:
+        return []
+    lines = []
+    for iv in intervals:
+        if iv.versus != versus or iv.other != base or iv.questions != "answerable":
+            continue
+        d = iv.interval
+        mine = [r["exact"] for r in rows if r["method"] == versus and r["budget"] == iv.budget
+                and r["task"] in REAL_ANSWERABLE]  # fmt: skip
+        theirs = [r["exact"] for r in rows if r["method"] == base and r["budget"] == iv.budget
+                  and r["task"] in REAL_ANSWERABLE]  # fmt: skip
+        lines.append(
+            f"{'PASS' if d.mean >= SELECT_WITHIN - 1e-12 else 'FAIL'} B={iv.budget}: on the {d.cases} answerable "
+            f"questions {versus} answers {100 * sum(mine) / len(mine):.1f}% right, {base} on the full prefill "
+            f"{100 * sum(theirs) / len(theirs):.1f}%: {100 * d.mean:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}] "
+            f"(target: within {-100 * SELECT_WITHIN:.0f} points)"
+        )
     return lines
 
 

@@ -209,6 +209,12 @@ def quality(
                 "cake-qwin runs on --suite real only (its cases give the question's tokens per prompt)",
                 "add --suite real, or leave cake-qwin out of --methods",
             )
+        if any(v.select for v in variants) and (suite != "real" or long != "middle"):
+            raise UsageError(
+                "NAME@select runs on --suite real with --long middle only (a selection is made per question, "
+                "on one prompt)",
+                "add --suite real (and leave --long sections out), or leave the @select methods out of --methods",
+            )
         where = (haystack, chosen, sizes, variants, output, json_out, diagnose == "survival")
         setup = grid_setup(model, window, dtype, attention, threads, *where, weights=weights)
         from cake_cli.cli.runners import bench as bench_run  # noqa: PLC0415 - torch loads after the checks

@@ -33,6 +33,7 @@ from cake_cli.bench.quality.report import (
     row_key,
     rows_as_dicts,
     save_results,
+    select_checks,
     summarize,
     target_checks,
 )
@@ -220,7 +221,7 @@ def quality(setup: GridSetup, plot: Path | None, markdown: Path | None) -> None:
     if real:  # the real suite's lines are of --versus (cake, or the CAKE-based method a profile ships)
         versus = setup.suite.versus
         checks = target_checks(summary, versus) + real_target_checks(rows, exact, versus)
-        checks += keep_checks(rows, intervals, versus)
+        checks += keep_checks(rows, intervals, versus) + select_checks(rows, intervals, versus)
     else:
         checks = target_checks(summary)
     title = f"cake bench quality · {loaded.name}"

@@ -188,7 +188,14 @@ def run_real(
     passage was read whole (not with sections), the survival of its gold passage and answer
     (`evidence_spans`) and the tokens each layer kept (`bench.real_diagnosis`). A question-window
     variant (cake-qwin) replays each prompt with `score_rows` = its tokens from the question on
-    (`tasks.question_window.question_rows`)."""
+    (`tasks.question_window.question_rows`). An `@select` variant answers on its selected prompt
+    (`quality.selected.replay_selected`, after the shared prefix); its row's `record_seconds` is that
+    prompt's prefill and its `seconds` include the selection.
+
+    Raises:
+        ValueError: no budget, or an `@select` variant with `--long sections`.
+        CakeError: an `@select` layer past the model's (`check_selections`).
+    """
     if not budgets:
         raise ValueError("run_real needs at least one budget")
     check_selections(model, suite, variants)

@@ -145,6 +145,19 @@ def window_start(prefix: int, total: int, window: int) -> int:
     return min(prefix, max(total - window, 0))
 
 
+def rewound(prefix: CakeCache, total: int, window: int) -> tuple[CakeCache, int]:
+    """A copy of `prefix` (left unchanged) ready for the rest of a `total`-token prompt: the entries from
+    `window_start` on dropped, so a forward from that position has the prompt's last `window` queries.
+
+    Returns:
+        (cache, start): the copy and the first position the forward runs.
+    """
+    start = window_start(prefix.layers[0].seen, total, window)
+    cache = clone_cache(prefix)
+    drop_from(cache, start)
+    return cache, start
+
+
 def continuation_capacity(config: CakeConfig, evicting: bool, lengths: list[int]) -> list[int]:
     """[L] tokens per layer the `fixed` decode policy keeps after a continuation: what each layer
     holds then (B_l + w + q, the q task tokens held on top of the document's budget), and at least

@@ -18,7 +18,7 @@ import torch
 from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.cascade import CascadePrefill
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.continuation import clone_cache, drop_from, window_start
+from cake_cli.engine.continuation import clone_cache, rewound
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled, forward_step, prefill, sync_device
 from cake_cli.engine.indicators import accumulates
@@ -74,7 +74,7 @@ def record(
             replays from; one more block-wise attention pass per layer, `window.accumulated_attention`).
         prefix: a full cache of the prompt's first n tokens (`prefix_cache`; left unchanged): only
             the rest is run, from the observation window's first position when the rest is shorter
-            than w (`continuation.window_start`: the prefix's last tokens run again), so that the
+            than w (`continuation.rewound`: the prefix's last tokens run again), so that the
             window's queries are those of the whole prompt. The prefix's keys and values do not
             depend on what follows them, so the recording equals one of the whole prompt
             (`tests/engine/test_replay.py` checks it); `seconds` then counts only this forward.
@@ -98,9 +98,7 @@ def record(
                 "a shared prefix needs accumulate=False, a prompt longer than the prefix and no local "
                 "(sliding-window) layers, whose cache no longer holds the keys the re-run window attends to"
             )
-        cache = clone_cache(prefix)
-        start = window_start(n, input_ids.shape[1], window)
-        drop_from(cache, start)
+        cache, start = rewound(prefix, input_ids.shape[1], window)
         cache.policy = recorder
     sync_device(input_ids.device)
     began = time.perf_counter()

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from cake_cli.engine.cache import CakeCache
-from cake_cli.engine.continuation import clone_cache, drop_from, window_start
+from cake_cli.engine.continuation import rewound
 from cake_cli.engine.families import UnsupportedModelError, attention_layout
 from cake_cli.engine.window import window_attention
 
@@ -108,7 +108,7 @@ def selection_scores(
         queries: last tokens whose attention counts (at most n).
         prefix: optional full cache of the prompt's first p < n tokens (`engine.replay.prefix_cache`, left
             unchanged): only the rest runs, from the first of the last `queries` positions when the rest
-            is shorter (`continuation.window_start`), so several questions on one document pay the
+            is shorter (`continuation.rewound`), so several questions on one document pay the
             document's cut-off forward once. The prefix's keys do not depend on what follows them, so the
             scores equal those of the whole prompt (`tests/engine/test_selection.py`).
 
@@ -137,9 +137,7 @@ def selection_scores(
         p = prefix.layers[0].seen
         if p >= n:
             raise ValueError(f"a prefix of {p} tokens is not shorter than the {n}-token prompt")
-        cache = clone_cache(prefix)
-        start = window_start(p, n, queries)
-        drop_from(cache, start)
+        cache, start = rewound(prefix, n, queries)
         cache.policy = hook
     positions = torch.arange(start, n, device=input_ids.device).unsqueeze(0)  # [1, n - start]
     ids = input_ids[:, start:]

@@ -8,6 +8,11 @@ quantized, `engine.kvmemory`); every question is then asked from that one cache,
 question in the window at budget B (`continuation.continue_and_decode(evict=True)`), and scored as
 `cake bench quality --suite real` scores it (`bench.quality.real`). File bytes are those of the .cake's tensors.
 
+`--genres` adds the multi-genre suite's cases (`bench.genre_cases`: invented facts planted in real text) to the
+same protocol: each haystack is prefilled once without its question (the `m-each` cases that share a haystack
+share that prefix) and each question asked from it, scored as `cake bench quality --suite genres` scores it
+(`scoring.exact_answer`). Their rows join the real questions' in every table and target line.
+
 Every (document, question, layout, budget) answer is written to the JSON as it comes; a rerun with the same
 settings resumes (cells already answered are kept). `--report A.json[,B.json]` prints the tables of finished
 runs (merged: e.g. one run per budget) without loading a model: per budget and layout the score, exact accuracy,
@@ -18,6 +23,8 @@ points at the interval's lower bound; a 2-bit file at most 0.2x within -3).
     python benchmarks/kv_bits_quality.py --documents python-shlex --questions 3 \
         -o benchmarks/runs/kv-bits-quality-smoke.json
     python benchmarks/kv_bits_quality.py --report benchmarks/runs/kv-bits-quality-smoke.json
+    python benchmarks/kv_bits_quality.py --documents '' --genres code --genre-tasks s-rt --genre-depths 0.5 \
+        --genre-repeats 1 --genre-length 2048 -o /tmp/kv-bits-genre-smoke.json
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,11 +40,13 @@ import torch
 from safetensors.torch import save as save_tensors
 
 from cake_cli.bench.bootstrap import paired_interval
+from cake_cli.bench.genre_cases import GenreSuite
 from cake_cli.bench.quality.abstention import rescore, rescore_inputs
 from cake_cli.bench.quality.real import _row, build_case, common_prefix
-from cake_cli.bench.quality.run import Model
+from cake_cli.bench.quality.run import Model, build_genre_case, prompt_ids
 from cake_cli.bench.real_docs import load_set, open_documents
-from cake_cli.bench.suites import REAL_TEMPLATE
+from cake_cli.bench.scoring import ABSTAIN_TASKS, exact_answer, score_answer
+from cake_cli.bench.suites import REAL_TASKS, REAL_TEMPLATE, TEMPLATES, CaseResult
 from cake_cli.cli.bench_options import configs_for
 from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK
 from cake_cli.engine.continuation import cache_tensors, continue_and_decode, quantized_in_memory
@@ -54,6 +63,12 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="model name or path (default: the embedded default)")
     parser.add_argument("--documents", default="python-shlex", help="real-set document ids, comma-separated")
     parser.add_argument("--questions", type=int, default=6, help="each document's first N questions (0: all)")
+    parser.add_argument("--genres", default="", help="also the genre suite's cases in these genres (comma-separated)")
+    parser.add_argument("--genre-tasks", default="s-rt,m-each", help="--genres: tasks, comma-separated")
+    parser.add_argument("--genre-length", type=int, default=8192, help="--genres: prompt length, tokens")
+    parser.add_argument("--genre-depths", default="0.25,0.75", help="--genres: fact depths, comma-separated")
+    parser.add_argument("--genre-repeats", type=int, default=3, help="--genres: cases per (task, genre, depth)")
+    parser.add_argument("--seed", type=int, default=7, help="--genres: seed of the facts and haystack offsets")
     parser.add_argument(
         "--layouts",
         default="16,4,2",
@@ -87,7 +102,8 @@ def run(args) -> None:
     model = Model(lm.model, lm.tokenizer, prompt_limit(lm, 64), stop_token_ids(lm))
     configs = configs_for(args.model, None, budgets, args.method)  # None: the profile's method, as `cake qa`
     window, new_tokens = configs[budgets[0]].window, load_template(REAL_TEMPLATE).max_new_tokens
-    documents, missing = open_documents(load_set(), args.documents.split(","))
+    wanted = [d for d in args.documents.split(",") if d]
+    documents, missing = open_documents(load_set(), wanted) if wanted else ([], [])  # none named: none, not all
     if missing:
         raise SystemExit(f"error: documents not installed: {', '.join(missing)}")
     layouts = [
@@ -97,6 +113,12 @@ def run(args) -> None:
     method = configs[budgets[0]].indicator
     meta = dict(model=lm.name, dtype=str(lm.dtype), budgets=budgets, window=window, group=DEFAULT_KV_GROUP,
                 layouts=names, threads=args.threads, method=args.method, indicator=method)  # fmt: skip
+    genres = GenreSuite(tuple(args.genre_tasks.split(",")), tuple(g for g in args.genres.split(",") if g),
+                        (args.genre_length,), tuple(float(d) for d in args.genre_depths.split(",")),
+                        args.genre_repeats, args.seed)  # fmt: skip
+    if genres.genres:
+        meta["genres"] = dict(tasks=list(genres.tasks), genres=list(genres.genres), length=args.genre_length,
+                              depths=list(genres.depths), repeats=genres.repeats, seed=genres.seed)  # fmt: skip
     rows, files = [], {}
     if args.output.exists():
         old = json.loads(args.output.read_text())
@@ -106,37 +128,88 @@ def run(args) -> None:
         rows, files = old["rows"], old["files"]
         print(f"resuming {args.output}: {len(rows)} answers kept", flush=True)
     done = {(r["source"], r["case_id"], r["layout"], r["budget"]) for r in rows}
-    for doc in documents:
-        questions = list(doc.questions)[: args.questions or None]
-        todo = [(q, n, b) for q in questions for n in names for b in budgets if (doc.spec.id, q.id, n, b) not in done]
+    for source, asked in _real_groups(model, documents, args.questions, new_tokens) + _genre_groups(model, genres):
+        todo = [(a, n, b) for a in asked if a[2] for n in names for b in budgets if (source, a[0], n, b) not in done]
         if not todo:
             continue
-        cases = {q.id: build_case(model, doc, q, 32768) for q in questions}
-        n = common_prefix([c.input_ids for c in cases.values()])
+        prompts = [list(a[1]) for a in asked]
+        n = common_prefix([tuple(p) for p in prompts])
         began = time.perf_counter()
-        whole = replay(
-            record(model.model, torch.tensor([cases[questions[0].id].input_ids[:n]]), window, accumulate=False), None
-        )
-        print(f"{doc.spec.id}: {n}-token prefix prefilled in {time.perf_counter() - began:.1f} s", flush=True)
+        whole = replay(record(model.model, torch.tensor([prompts[0][:n]]), window, accumulate=False), None)
+        print(f"{source}: {n}-token prefix prefilled in {time.perf_counter() - began:.1f} s", flush=True)
         for name, (bits, sink, recent) in zip(names, layouts):
             if not any(t[1] == name for t in todo):
                 continue
             state = whole if bits == 16 else quantized_in_memory(whole, bits, DEFAULT_KV_GROUP, recent, sink)
             size = len(save_tensors(cache_tensors(whole.cache, bits, DEFAULT_KV_GROUP, recent, sink)))
-            files[f"{doc.spec.id}/{name}"] = size
-            for question, _, budget in [t for t in todo if t[1] == name]:
-                case, config = cases[question.id], configs[budget]
+            files[f"{source}/{name}"] = size
+            for (case_id, _, scored, limit), _, budget in [t for t in todo if t[1] == name]:
+                config = configs[budget]
                 began = time.perf_counter()
-                ids = torch.tensor([case.input_ids])
+                ids = torch.tensor([prompts[[a[0] for a in asked].index(case_id)]])
                 result = continue_and_decode(model.model, state, ids, config, evict=True,
-                                             max_new_tokens=new_tokens, stop_ids=model.stop_ids)  # fmt: skip
+                                             max_new_tokens=limit, stop_ids=model.stop_ids)  # fmt: skip
                 text = lm.tokenizer.decode(list(result.token_ids), skip_special_tokens=True).strip()
-                row = _row(case, SimpleNamespace(name=f"file-{name}"), budget, config, text,
-                           time.perf_counter() - began, 0.0, args.abstain)  # fmt: skip
-                rows.append(dict(asdict(row), layout=name, bits=bits, sink=sink, recent=recent, file_bytes=size))
-                print(f"  {name:>8} B={budget} {question.id}: score {row.score:.2f} ({row.support})", flush=True)
+                row = scored(text, budget, config, time.perf_counter() - began, args.abstain)
+                rows.append(dict(asdict(row), source=source, layout=name, bits=bits, sink=sink, recent=recent,
+                                 file_bytes=size))  # fmt: skip
+                print(f"  {name:>8} B={budget} {case_id}: score {row.score:.2f} ({row.support})", flush=True)
                 args.output.write_text(json.dumps(dict(meta=meta, files=files, rows=rows), indent=1) + "\n")
     print_report([dict(meta=meta, files=files, rows=rows)], args.abstain)
+
+
+def _real_groups(model: Model, documents, questions: int, new_tokens: int) -> list[tuple[str, list]]:
+    """[(document id, [(question id, prompt ids, scorer, most new tokens)])] of the real set's documents: every
+    question of a document shares its prefix (the `qa` template up to the question), as `cake compress` keeps it."""
+    groups = []
+    for doc in documents:
+        asked = []
+        for question in list(doc.questions)[: questions or None]:
+            case = build_case(model, doc, question, 32768)
+            scored = lambda text, budget, config, seconds, abstain, case=case: _row(  # noqa: E731
+                case, SimpleNamespace(name="file"), budget, config, text, seconds, 0.0, abstain
+            )
+            asked.append((question.id, case.input_ids, scored, new_tokens))
+        groups.append((doc.spec.id, asked))
+    return groups
+
+
+def _genre_groups(model: Model, suite: GenreSuite) -> list[tuple[str, list]]:
+    """[(haystack key, [(case id, prompt ids, scorer, most new tokens)])] of the genre suite's cases, those with one
+    haystack (m-each's three facts) in one group; each group also holds its document's prompt under another question (no
+    scorer: never asked), so the shared prefix never reaches into a question."""
+    by_document: dict[str, list] = {}
+    for task, index, depth, length, genre in suite.specs():
+        case = build_genre_case(model, task, genre, index, depth, length, suite.seed)
+        by_document.setdefault(case.document, []).append(case)
+    groups = []
+    for cases in by_document.values():
+        asked = []
+        for case in cases:
+            ids = prompt_ids(model, case)
+            scored = lambda *a, case=case, n=len(ids): _genre_row(case, n, *a)  # noqa: E731
+            asked.append((_genre_id(case), ids, scored, load_template(TEMPLATES[case.task]).max_new_tokens))
+        other = replace(cases[0], question=cases[0].question + " Answer briefly.")
+        asked.append(("(prefix)", prompt_ids(model, other), None, 0))
+        groups.append((f"genre:{_genre_id(cases[0])}", asked))
+    return [(key, asked) for key, asked in groups]
+
+
+def _genre_id(case) -> str:
+    """A genre case's id with its task ("m-each/code/d50-n1"): the suite's ids repeat across tasks."""
+    return f"{case.task}/{case.case_id}"
+
+
+def _genre_row(case, tokens: int, text: str, budget: int, config, seconds: float, abstain: str) -> CaseResult:
+    """The scored row of a genre case's reply (the suite's own scoring; no abstention rule applies)."""
+    score = score_answer(case.task, text, case.references, case.keywords)
+    return CaseResult(
+        task=case.task, case_id=_genre_id(case), split=case.split, length=case.length, method="file", budget=budget,
+        prompt_tokens=tokens, depth=case.depth, score=round(score, 6),
+        exact=exact_answer(case.task, text, case.references, case.keywords), prediction=text,
+        tau1=config.tau1, tau2=config.tau2, seconds=round(seconds, 3), record_seconds=0.0, source=case.source,
+        genre=case.case_id.split("/")[0], support="n/a",
+    )  # fmt: skip
 
 
 def print_report(runs: list[dict], abstain: str = DEFAULT_ABSTAIN) -> None:
@@ -144,7 +217,10 @@ def print_report(runs: list[dict], abstain: str = DEFAULT_ABSTAIN) -> None:
     every stored reply scored again as `cake qa --abstain abstain` shows it (`abstention.rescore`)."""
     names = runs[0]["meta"]["layouts"]
     stored = [r for run in runs for r in run["rows"]]
-    rescored = rescore(stored, abstain, *rescore_inputs(stored))
+    # Genre-suite rows have no abstention rule, and a middle-cut document's rows cannot be rescored: both as stored.
+    again = [r["task"] in REAL_TASKS and r["task"] != "real-cut" for r in stored]
+    rows_again = [r for r, a in zip(stored, again) if a]
+    rescored = rescore(rows_again, abstain, *rescore_inputs(rows_again)) + [r for r, a in zip(stored, again) if not a]
     rows = {(r["source"], r["case_id"], r["layout"], r["budget"]): r for r in rescored}
     files = {k: v for run in runs for k, v in run["files"].items()}
     budgets = sorted({k[3] for k in rows})
@@ -158,8 +234,12 @@ def print_report(runs: list[dict], abstain: str = DEFAULT_ABSTAIN) -> None:
             continue
         docs = sorted({q[0] for q in questions})
         ref = [rows[(*q, names[0], budget)] for q in questions]
-        answerable = [i for i, r in enumerate(ref) if r["task"] == "real"]
-        print(f"\nB = {budget}: {len(questions)} questions ({len(answerable)} answerable) on {len(docs)} documents")
+        answerable = [i for i, r in enumerate(ref) if r["task"] not in ABSTAIN_TASKS]
+        genre, haystacks = sum(r["task"] not in REAL_TASKS for r in ref), sum(d.startswith("genre:") for d in docs)
+        print(
+            f"\nB = {budget}: {len(questions)} questions ({len(answerable)} answerable) on {len(docs)} documents"
+            + (f"; {genre} of them genre-suite cases on {haystacks}" if genre else "")
+        )
         print("| layout | score | exact | answerable exact | abstentions right | better / same / worse "
               "(exact) | exact − first [95% CI] | file / first |")  # fmt: skip
         print("|---|---:|---:|---:|---:|---|---|---:|")

@@ -32,9 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 from safetensors.torch import save as save_tensors
@@ -56,6 +58,16 @@ from cake_cli.tasks.runner import load_ready, prompt_limit, stop_token_ids
 from cake_cli.tasks.templates import load_template
 
 TARGETS = ((0.32, -2.0), (0.2, -3.0))  # issue 47: (file size at most this x the first layout's, lower bound, points)
+
+
+class Asked(NamedTuple):
+    """One prompt of a document compressed once: a question asked from its cache, or (scored None) a prompt that
+    only bounds the shared prefix."""
+
+    id: str
+    ids: Sequence[int]  # the whole prompt's token ids
+    scored: Callable | None  # (reply, budget, config, seconds, abstain) -> CaseResult
+    limit: int  # most new tokens
 
 
 def main() -> None:
@@ -129,13 +141,13 @@ def run(args) -> None:
         print(f"resuming {args.output}: {len(rows)} answers kept", flush=True)
     done = {(r["source"], r["case_id"], r["layout"], r["budget"]) for r in rows}
     for source, asked in _real_groups(model, documents, args.questions, new_tokens) + _genre_groups(model, genres):
-        todo = [(a, n, b) for a in asked if a[2] for n in names for b in budgets if (source, a[0], n, b) not in done]
+        todo = [(a, n, b) for a in asked if a.scored for n in names for b in budgets
+                if (source, a.id, n, b) not in done]  # fmt: skip
         if not todo:
             continue
-        prompts = [list(a[1]) for a in asked]
-        n = common_prefix([tuple(p) for p in prompts])
+        n = common_prefix([tuple(a.ids) for a in asked])
         began = time.perf_counter()
-        whole = replay(record(model.model, torch.tensor([prompts[0][:n]]), window, accumulate=False), None)
+        whole = replay(record(model.model, torch.tensor([list(asked[0].ids[:n])]), window, accumulate=False), None)
         print(f"{source}: {n}-token prefix prefilled in {time.perf_counter() - began:.1f} s", flush=True)
         for name, (bits, sink, recent) in zip(names, layouts):
             if not any(t[1] == name for t in todo):
@@ -143,23 +155,22 @@ def run(args) -> None:
             state = whole if bits == 16 else quantized_in_memory(whole, bits, DEFAULT_KV_GROUP, recent, sink)
             size = len(save_tensors(cache_tensors(whole.cache, bits, DEFAULT_KV_GROUP, recent, sink)))
             files[f"{source}/{name}"] = size
-            for (case_id, _, scored, limit), _, budget in [t for t in todo if t[1] == name]:
+            for a, _, budget in [t for t in todo if t[1] == name]:
                 config = configs[budget]
                 began = time.perf_counter()
-                ids = torch.tensor([prompts[[a[0] for a in asked].index(case_id)]])
-                result = continue_and_decode(model.model, state, ids, config, evict=True,
-                                             max_new_tokens=limit, stop_ids=model.stop_ids)  # fmt: skip
+                result = continue_and_decode(model.model, state, torch.tensor([list(a.ids)]), config, evict=True,
+                                             max_new_tokens=a.limit, stop_ids=model.stop_ids)  # fmt: skip
                 text = lm.tokenizer.decode(list(result.token_ids), skip_special_tokens=True).strip()
-                row = scored(text, budget, config, time.perf_counter() - began, args.abstain)
+                row = a.scored(text, budget, config, time.perf_counter() - began, args.abstain)
                 rows.append(dict(asdict(row), source=source, layout=name, bits=bits, sink=sink, recent=recent,
                                  file_bytes=size))  # fmt: skip
-                print(f"  {name:>8} B={budget} {case_id}: score {row.score:.2f} ({row.support})", flush=True)
+                print(f"  {name:>8} B={budget} {a.id}: score {row.score:.2f} ({row.support})", flush=True)
                 args.output.write_text(json.dumps(dict(meta=meta, files=files, rows=rows), indent=1) + "\n")
     print_report([dict(meta=meta, files=files, rows=rows)], args.abstain)
 
 
-def _real_groups(model: Model, documents, questions: int, new_tokens: int) -> list[tuple[str, list]]:
-    """[(document id, [(question id, prompt ids, scorer, most new tokens)])] of the real set's documents: every
+def _real_groups(model: Model, documents, questions: int, new_tokens: int) -> list[tuple[str, list[Asked]]]:
+    """[(document id, [Asked of each question])] of the real set's documents: every
     question of a document shares its prefix (the `qa` template up to the question), as `cake compress` keeps it."""
     groups = []
     for doc in documents:
@@ -169,13 +180,13 @@ def _real_groups(model: Model, documents, questions: int, new_tokens: int) -> li
             scored = lambda text, budget, config, seconds, abstain, case=case: _row(  # noqa: E731
                 case, SimpleNamespace(name="file"), budget, config, text, seconds, 0.0, abstain
             )
-            asked.append((question.id, case.input_ids, scored, new_tokens))
+            asked.append(Asked(question.id, case.input_ids, scored, new_tokens))
         groups.append((doc.spec.id, asked))
     return groups
 
 
-def _genre_groups(model: Model, suite: GenreSuite) -> list[tuple[str, list]]:
-    """[(haystack key, [(case id, prompt ids, scorer, most new tokens)])] of the genre suite's cases, those with one
+def _genre_groups(model: Model, suite: GenreSuite) -> list[tuple[str, list[Asked]]]:
+    """[(haystack key, [Asked of each case])] of the genre suite's cases, those with one
     haystack (m-each's three facts) in one group; each group also holds its document's prompt under another question (no
     scorer: never asked), so the shared prefix never reaches into a question."""
     by_document: dict[str, list] = {}
@@ -188,11 +199,11 @@ def _genre_groups(model: Model, suite: GenreSuite) -> list[tuple[str, list]]:
         for case in cases:
             ids = prompt_ids(model, case)
             scored = lambda *a, case=case, n=len(ids): _genre_row(case, n, *a)  # noqa: E731
-            asked.append((_genre_id(case), ids, scored, load_template(TEMPLATES[case.task]).max_new_tokens))
+            asked.append(Asked(_genre_id(case), ids, scored, load_template(TEMPLATES[case.task]).max_new_tokens))
         other = replace(cases[0], question=cases[0].question + " Answer briefly.")
-        asked.append(("(prefix)", prompt_ids(model, other), None, 0))
+        asked.append(Asked("(prefix)", prompt_ids(model, other), None, 0))
         groups.append((f"genre:{_genre_id(cases[0])}", asked))
-    return [(key, asked) for key, asked in groups]
+    return groups
 
 
 def _genre_id(case) -> str:

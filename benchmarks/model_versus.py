@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cake_cli.bench.bootstrap import paired_interval
 from cake_cli.bench.quality.abstention import ANSWERABLE_TASKS
+from cake_cli.bench.quality.report import interval_cell
 
 
 def answerable_exact(run: dict, method: str, budget: int | None) -> dict[str, float]:
@@ -40,12 +41,9 @@ def versus_line(first: dict[str, float], second: dict[str, float], label: str, n
     if not common:
         raise ValueError(f"{label}: the two runs share no answerable question")
     a, b = [first[q] for q in common], [second[q] for q in common]
-    ci = paired_interval(b, a)
-    star = "*" if ci.low > 0 or ci.high < 0 else ""
     return (
         f"{label}: {len(common)} answerable questions, {names[0]} {100 * sum(a) / len(a):.1f}, "
-        f"{names[1]} {100 * sum(b) / len(b):.1f}, {names[1]} - {names[0]} {100 * ci.mean:+.1f} "
-        f"[{100 * ci.low:+.1f}, {100 * ci.high:+.1f}]{star}"
+        f"{names[1]} {100 * sum(b) / len(b):.1f}, {names[1]} - {names[0]} {interval_cell(paired_interval(b, a))}"
     )
 
 
@@ -60,7 +58,7 @@ def main() -> None:
     if modes[0] != modes[1]:
         raise SystemExit(f"error: the runs were scored with --abstain {modes[0]} and {modes[1]}; merge one again")
     names = tuple(run["meta"]["model"].split(" (")[0] for run in runs)  # "qwen2.5-coder-0.5b (Qwen2.5-…)"
-    print(f"exact x 100 on answerable questions, scored with --abstain {modes[0]}; * interval excludes 0")
+    print(f"exact x 100 on answerable questions, scored with --abstain {modes[0]}; * lower bound >= 0")
     for method in args.methods.split(","):
         budgets = sorted({r["budget"] for run in runs for r in run["rows"] if r["method"] == method},
                          key=lambda b: (b is not None, b or 0))  # fmt: skip

@@ -1,4 +1,5 @@
-"""Two models on the same real-set questions: exact accuracy on the answerable ones, paired by question.
+"""Two models (or one model in two dtypes or weight formats) on the same real-set questions: exact accuracy
+on the answerable ones, paired by question.
 
 Reads two `cake bench quality --suite real` run files (one per model, the same documents) and prints, for each
 cell (method at budget) both files hold, the answerable questions both answered, each model's exact accuracy
@@ -47,17 +48,43 @@ def versus_line(first: dict[str, float], second: dict[str, float], label: str, n
     )
 
 
+def run_names(runs: list[dict], given: str = "") -> tuple[str, str]:
+    """The two runs' names in the lines: `given` ("FIRST,SECOND") if set, else each run's model, and
+    when both ran one model, the model with each run's dtype and weights ("m float32+w8a8").
+
+    Raises:
+        ValueError: `given` is not two comma-separated names.
+    """
+    if given:
+        names = tuple(n.strip() for n in given.split(","))
+        if len(names) != 2 or not all(names):
+            raise ValueError(f"--names takes two names, FIRST,SECOND (got {given!r})")
+        return names
+    names = tuple(run["meta"]["model"].split(" (")[0] for run in runs)  # "qwen2.5-coder-0.5b (Qwen2.5-…)"
+    if names[0] == names[1]:
+        names = tuple(
+            f"{n} {run['meta'].get('dtype')}+{run['meta'].get('weights')}" for n, run in zip(names, runs, strict=True)
+        )
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("first", type=Path, help="run file of the first model")
     parser.add_argument("second", type=Path, help="run file of the second model")
     parser.add_argument("--methods", default="full,cake-chunk", help="methods compared, comma-separated")
+    parser.add_argument(
+        "--names", default="", help="FIRST,SECOND: the runs' names in the lines (default: from the files)"
+    )
     args = parser.parse_args()
     runs = [json.loads(p.read_text()) for p in (args.first, args.second)]
     modes = [run["meta"].get("abstain") for run in runs]
     if modes[0] != modes[1]:
         raise SystemExit(f"error: the runs were scored with --abstain {modes[0]} and {modes[1]}; merge one again")
-    names = tuple(run["meta"]["model"].split(" (")[0] for run in runs)  # "qwen2.5-coder-0.5b (Qwen2.5-…)"
+    try:
+        names = run_names(runs, args.names)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     print(f"exact x 100 on answerable questions, scored with --abstain {modes[0]}; * lower bound >= 0")
     for method in args.methods.split(","):
         budgets = sorted({r["budget"] for run in runs for r in run["rows"] if r["method"] == method},

@@ -138,7 +138,8 @@ Weights = Annotated[
         help="Linear-layer weights: auto (on CPU for a model over 64 MiB of them int8, w8a8 for a float32 "
         "model; else the --dtype), "
         "bf16 (the --dtype), int8 or int4 (weight-only quantized, CPU; quantized once and cached under "
-        "CAKE_HOME), w8a8 (int8 weights, decode activations quantized per token too; faster, x86 CPU). "
+        "CAKE_HOME), w8a8 (int8 weights, activations quantized per token too, decode and prefill; "
+        "faster on a float32 model, x86 CPU). "
         "The report says which and why.",
     ),
 ]

@@ -108,7 +108,7 @@ def load_model(
         attn_implementation: passed to ``from_pretrained`` (``sdpa``, ``eager``, …).
         progress: called with one-line status messages (conversion steps, loading).
         weights: ``bf16`` (the linear layers keep ``dtype``), ``int8`` / ``int4`` (weight-only
-            quantized for CPU decoding; ``w8a8``: int8 with activations quantized on decode;
+            quantized for CPU decoding; ``w8a8``: int8 with activations quantized per token, decode and prefill;
             `models.quantize`, cached by content, `models.weight_cache`; once cached they are read
             straight from the cache and the float linear weights are never loaded,
             `models.lean_load`), or ``auto`` (`weights.auto_weights`).

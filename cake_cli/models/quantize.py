@@ -23,22 +23,30 @@ against 1.4 on the float32 path, decode-path perplexity 7.186 against float32 we
 benchmarks/runs/avx2-kernels-bf16-2026-12-04.txt). Scales are kept in `KERNEL_DTYPE` on every path,
 so prefill's dequantized weight and decode's fused product use the same weight values.
 
-- **w8a8**: int8's weights (the same cached tensors), and on decode the token's activations quantized
-  too, dynamically per token, so the product runs in integer arithmetic (fbgemm's dynamic int8
-  linear, ``torch.ops.quantized.linear_dynamic``, per-channel weights, 7-bit unsigned activations
-  with a per-token scale and zero point: ``reduce_range``, which keeps AVX2's 8-bit multiply-add from
-  saturating). This is what llama.cpp does on CPUs (8-bit activations against its quantized blocks);
-  torch's weight-only int8 kernel reads weights at about half the speed a CPU can stream them (module
-  `W8A8Linear`). Layers whose input is the MLP's gated product (``in_features`` equal to the
-  config's ``intermediate_size``, the down projection) stay weight-only int8: those activations
-  carry the outlier channels a per-token scale loses precision to (LLM.int8(), SmoothQuant; on the
-  default model their activation quantization alone cost 0.06 of decode-path perplexity).
+- **w8a8**: int8's weights (the same cached tensors), and the activations quantized too, dynamically
+  per token (on decode and, since it is faster there too, on prefill; below), so the product runs in
+  integer arithmetic (fbgemm's dynamic int8 linear, ``torch.ops.quantized.linear_dynamic``,
+  per-channel weights, 7-bit unsigned activations with a per-token scale and zero point:
+  ``reduce_range``, which keeps AVX2's 8-bit multiply-add from saturating). This is what llama.cpp
+  does on CPUs (8-bit activations against its quantized blocks); torch's weight-only int8 kernel
+  reads weights at about half the speed a CPU can stream them (module `W8A8Linear`). Layers whose
+  input is the MLP's gated product (``in_features`` equal to the config's ``intermediate_size``, the
+  down projection) stay weight-only int8: those activations carry the outlier channels a per-token
+  scale loses precision to (LLM.int8(), SmoothQuant; on the default model their activation
+  quantization alone cost 0.06 of decode-path perplexity).
 
-Prefill multiplies many tokens at once; there the fused kernels measured 2-3x slower than a bf16
-matrix product (256 tokens), so a forward of more than `DECODE_ROWS` tokens dequantizes the
-weight to the activation dtype and runs an ordinary ``F.linear``: prefill keeps the speed of the
-model's dtype, decode reads the small weights. Only the decoder's and the output head's
-``nn.Linear`` layers are quantized; the embedding (a lookup, not a product) keeps its dtype.
+Prefill multiplies many tokens at once; there the weight-only kernels measured 2-3x slower than a
+bf16 matrix product (256 tokens), so for int8 and int4 a forward of more than `DECODE_ROWS` tokens
+dequantizes the weight to the activation dtype and runs an ordinary ``F.linear``: prefill keeps the
+speed of the model's dtype, decode reads the small weights. **w8a8's prefill stays in integer
+arithmetic** (`W8A8Linear.prefill_product`): at the default model's prefill shapes fbgemm's int8
+product ran at 605-660 GOP/s where float32 ran at 162-176 GFLOP/s and bf16 at 380-414 (2 threads,
+AVX512-BF16 EPYC, benchmarks/runs/speed-peak-w8a8-2026-12-06.txt), and a whole CAKE prefill of 8K
+tokens took 0.69x the time (benchmarks/runs/prefill-ab-2026-12-06.txt),
+so on a CPU without native bf16, where `auto` picks w8a8, the prefill's linear layers are no longer
+float32 products. The down projections stay int8 there as well (dequantized, for their outlier
+channels). Only the decoder's and the output head's ``nn.Linear`` layers are quantized; the
+embedding (a lookup, not a product) keeps its dtype.
 """
 
 from __future__ import annotations
@@ -273,7 +281,9 @@ class W8A8Linear(QuantizedLinear):
     rescaled by the row's and the output channel's scales.
 
     The weight is held once, in fbgemm's packed layout (``packed``, built at load from int8's codes
-    and scales); prefill unpacks and dequantizes it, the same values `Int8Linear` dequantizes.
+    and scales); prefill runs the same integer product, each row quantized over its own range
+    (`prefill_product`), unless ``int8_prefill`` is off, when it dequantizes the weight to the values
+    `Int8Linear` dequantizes.
     Buffers: ``scales`` [N] in `KERNEL_DTYPE` (int8's), ``qweight_ends`` [2 · ENDS] int8 (the first
     and last codes of the weight, so the model's fingerprint tells it from other formats), ``bias``
     [N] (compute dtype) or None. Input [..., K] -> output [..., N] in the input's dtype.
@@ -300,10 +310,44 @@ class W8A8Linear(QuantizedLinear):
                 qweight.contiguous(), scales.double(), torch.zeros(self.out_features, dtype=torch.long), 0
             )
             self.packed = torch.ops.quantized.linear_prepack(codes, None)
+        # [1, N] float32: sum over the input channels of the dequantized weight (`prefill_product`)
+        self.row_sums = (qweight.sum(dim=1, dtype=torch.int64).double() * scales.double()).float()[None]
+
+    int8_prefill = True  # False: prefill multiplies the dequantized weight (int8's path; benchmarks' A/B)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """[N, K] weight in `dtype` (codes times scales, exact in float32)."""
         return torch.ops.quantized.linear_unpack(self.packed)[0].dequantize().to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., K] -> [..., N] in the input's dtype: every forward in integer arithmetic (`fused` for
+        decode, `prefill_product` for more than `DECODE_ROWS` tokens) unless `int8_prefill` is off."""
+        rows = x.reshape(-1, self.in_features)  # [M, K]
+        if rows.shape[0] <= DECODE_ROWS or not self.int8_prefill:
+            return super().forward(x)
+        out = self.prefill_product(rows.float())
+        if self.bias is not None:
+            out = out + self.bias.float()
+        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def prefill_product(self, rows: torch.Tensor) -> torch.Tensor:
+        """[M, K] float32 rows -> [M, N] float32 product, no bias, each row quantized over its own range.
+
+        fbgemm's dynamic linear takes one range for its whole input, so a prompt's rows go in affinely
+        rescaled: row m becomes u_m = (x_m - c_m) / r_m with c_m the midpoint and r_m the half-width of
+        its range, so every row spans [-1, 1] and the shared 7-bit step 2 / 127 is, in row m's units,
+        2 r_m / 127: its own range split into 127 steps, as decode's one-row call quantizes it (decode
+        widens the range to hold 0; this does not need to). Then x_m W^T = r_m (u_m W^T) + c_m (1 W^T):
+        the product is rescaled by r_m and the row sums of the dequantized weight, kept in float32,
+        add the midpoint back. Each activation is within r_m / 127 of its code's value, so output n is
+        within (r_m / 127) · sum_k |W[n, k]| of the float product (`tests/models/test_quantize.py`).
+        """
+        low, high = rows.aminmax(dim=1, keepdim=True)  # [M, 1] each
+        mid = (high + low) / 2
+        half = ((high - low) / 2).clamp(min=torch.finfo(torch.float32).tiny)
+        unit = (rows - mid).div_(half)  # [M, K], every row in [-1, 1]
+        out = torch.ops.quantized.linear_dynamic(unit, self.packed, True)  # [M, N]
+        return out.mul_(half).addcmul_(mid, self.row_sums)  # in place: + c_m · sum_k W[n, k]
 
     def fused(self, rows: torch.Tensor) -> torch.Tensor:
         """[M, K] float32 rows -> [M, N] float32 product, no bias (each row quantized on its own)."""

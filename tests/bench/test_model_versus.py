@@ -35,3 +35,14 @@ def test_only_answerable_questions_both_answered_are_paired():
 def test_no_common_question_is_an_error():
     with pytest.raises(ValueError, match="share no answerable question"):
         model_versus.versus_line({"a": 1.0}, {"b": 1.0}, "x", ("p", "q"))
+
+
+def test_runs_are_named_by_model_then_by_dtype_and_weights_then_as_given():
+    a = {"meta": {"model": "m (M)", "dtype": "float32", "weights": "w8a8"}}
+    b = {"meta": {"model": "m (M)", "dtype": "bfloat16", "weights": "bf16"}}
+    c = {"meta": {"model": "n (N)"}}
+    assert model_versus.run_names([a, c]) == ("m", "n")
+    assert model_versus.run_names([a, b]) == ("m float32+w8a8", "m bfloat16+bf16")
+    assert model_versus.run_names([a, a], "before, after") == ("before", "after")
+    with pytest.raises(ValueError, match="two names"):
+        model_versus.run_names([a, a], "only")

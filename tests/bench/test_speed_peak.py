@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from cake_cli.bench.speed import peak
 from cake_cli.bench.speed.peak import (
     attention_flops,
     available_kinds,
@@ -21,6 +22,7 @@ from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.cache import CakeCache
 from cake_cli.engine.cascade import CascadePrefill
 from cake_cli.engine.config import CakeConfig
+from cake_cli.models.quantize import quantize_model, w8a8_available
 from tests.helpers.models import ids_of, tiny_llama
 
 DELAY = 0.15  # seconds slept by one patched module: far above what any part of a tiny 48-token prefill takes
@@ -121,6 +123,26 @@ def test_peak_row_sets_each_part_against_its_peak(model):
     assert row.linear_peak_gflops == row.peaks["float32"] > 0
     assert 0 < row.linear_of_peak and 0 < row.attention_of_peak and 0 < row.prefill_of_peak
     assert row.linear_gflops == pytest.approx(row.linear_of_peak * row.linear_peak_gflops)
+
+
+@pytest.mark.skipif(not w8a8_available(), reason="torch built without the fbgemm engine (w8a8)")
+def test_w8a8_integer_prefill_calls_are_set_against_the_int8_peak(monkeypatch):
+    """A w8a8 model's prefill: its integer calls are counted apart (not the down projections, which stay
+    int8 dequantized, nor the head's one-row call), and the linear peak sums each call at its own kind's
+    time (here made 1 s a call in float32, 0.25 s in int8)."""
+    m = tiny_llama(layers=3)
+    quantize_model(m, "w8a8")
+    use_cake_attention(m, "sdpa")
+    split = split_prefill(m, ids_of(48, 5), None)
+    assert split.int8_shapes == {(48, 64, 64): 6, (48, 64, 16): 6, (48, 64, 256): 6}
+    assert split.shapes[(48, 256, 64)] == 3 and split.shapes[(1, 64, 97)] == 1
+    monkeypatch.setattr(peak, "gemm_seconds", lambda t, i, o, kind, repeats=1: 0.25 if kind == "int8" else 1.0)
+    row = peak_row(m, "tiny", ids_of(48, 5), None, "full", kinds=("float32", "int8"), repeats=1)
+    flops = sum(gemm_flops(*shape) * calls for shape, calls in split.shapes.items())
+    calls = sum(split.shapes.values())
+    assert row.linear_peak_gflops == pytest.approx(flops / ((calls - 18) * 1.0 + 18 * 0.25) / 1e9)
+    assert row.peaks["float32"] == pytest.approx(flops / calls / 1e9)
+    assert row.peaks["int8"] == pytest.approx(flops / (calls * 0.25) / 1e9)
 
 
 def test_bench_speed_peak_prints_the_split_and_its_json(cli_env):

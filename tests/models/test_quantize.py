@@ -94,15 +94,53 @@ def test_w8a8_decode_quantizes_each_token_on_its_own(dtype, rows, seed):
 
 @needs_fbgemm
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_w8a8_prefill_multiplies_int8s_weight_exactly(dtype):
-    """Prefill dequantizes the packed weight: the same values, and so the same KV cache, as int8's."""
+def test_w8a8_prefill_off_multiplies_int8s_weight_exactly(dtype):
+    """With `int8_prefill` off, prefill dequantizes the packed weight: the same values, and so the same
+    KV cache, as int8's."""
     g = torch.Generator().manual_seed(4)
     weight, bias = torch.randn(40, 64, generator=g), torch.randn(40, generator=g)
     x = torch.randn(DECODE_ROWS + 5, 64, generator=g).to(dtype)
     parts = quantize_int8(weight)
     w8a8, int8 = W8A8Linear(*parts, bias, dtype), Int8Linear(*parts, bias, dtype)
+    w8a8.int8_prefill = False
     assert torch.equal(w8a8.dequantized(dtype), int8.dequantized(dtype))
     assert torch.equal(w8a8(x), int8(x))
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_w8a8_prefill_quantizes_each_row_over_its_own_range(dtype, seed):
+    """The integer prefill product against a float64 product of the dequantized weight: row m's
+    activations are within half a step of their codes, the step 2 r_m / 127 over the row's own range
+    (half-width r_m), so output n is within (r_m / 127) sum_k |W[n, k]|. Rows scaled x100 and shifted
+    by +5 make one range for the whole input miss that bound by far (checked too), and the error is
+    not zero (the activations are quantized)."""
+    g = torch.Generator().manual_seed(seed)
+    n_out, k_in, rows = 56, 80 + 16 * seed, DECODE_ROWS + 7
+    weight, bias = torch.randn(n_out, k_in, generator=g) * 0.1, torch.randn(n_out, generator=g)
+    x = torch.randn(rows, k_in, generator=g)
+    x[1] *= 100
+    x[2] += 5.0
+    x[3] = 0.25  # a constant row: zero range, exact
+    x = x.to(dtype)
+    q, s = quantize_int8(weight)
+    layer = W8A8Linear(q, s, bias, dtype)
+    out = layer(x.unsqueeze(0))[0].double()  # [M, N]
+    assert out.shape == (rows, n_out) and layer(x).dtype == dtype
+    w = layer.dequantized(torch.float64)
+    ref = x.double() @ w.t() + bias.to(dtype).double()
+    half = (x.double().amax(1) - x.double().amin(1)) / 2  # [M]
+    bound = (half / 127)[:, None] * w.abs().sum(1)[None] * 1.001  # [M, N]
+    rounding = (
+        1e-5 * ref.abs().amax(1, keepdim=True) if dtype == torch.float32 else 2**-7 * ref.abs().amax(1, keepdim=True)
+    )
+    err = (out - ref).abs()
+    assert (err <= bound + rounding).all(), (err - bound).max()
+    assert err[3].max() <= rounding[3].max()  # a constant row is one code: exact
+    assert err.amax(1)[0] > 0  # quantized, not a float product
+    shared = (x.double().amax() - x.double().amin()) / 2 / 127 * w.abs().sum(1)  # [N]: one range for all rows
+    assert (shared[None] > 20 * bound[[0, 2, 4]]).all()  # what a shared range would have allowed
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -34,7 +34,7 @@ from torch import nn
 
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import prefill
-from cake_cli.models.quantize import QuantizedLinear, quantize_int8, w8a8_available
+from cake_cli.models.quantize import DECODE_ROWS, QuantizedLinear, W8A8Linear, quantize_int8, w8a8_available
 
 PEAK_REPEATS = 3  # GEMM repeats per shape; the best is the peak
 ATTENTION_KEYS = 2048  # keys of the attention peak's GEMM at most ([n, d] x [d, min(n, this)]: bounded memory)
@@ -114,8 +114,9 @@ def attention_flops(queries: int, keys: int, heads: int, head_dim: int) -> int:
 class PrefillSplit:
     """One prefill timed by part (module docstring). Seconds; FLOPs of the products it ran.
 
-    `shapes` counts the linear calls by (tokens, in, out); `attention` lists (queries, keys) per
-    attention call (one per layer for a prefill)."""
+    `shapes` counts the linear calls by (tokens, in, out), `int8_shapes` those of them that multiplied in
+    int8 (w8a8's integer prefill, `models.quantize.W8A8Linear.prefill_product`); `attention` lists
+    (queries, keys) per attention call (one per layer for a prefill)."""
 
     tokens: int
     seconds: float  # the prefill as `engine.generate.prefill` measured it
@@ -124,6 +125,7 @@ class PrefillSplit:
     eviction_seconds: float  # within attention's gross time, moved to rest
     shapes: dict = field(default_factory=dict)  # (tokens, in, out) -> calls
     attention: tuple = ()  # ((queries, keys), ...)
+    int8_shapes: dict = field(default_factory=dict)  # (tokens, in, out) -> calls in int8
 
     @property
     def rest_seconds(self) -> float:
@@ -150,6 +152,7 @@ class _Timers:
     def __init__(self, model: nn.Module):
         self.linear = self.attention = self.linear_in_attention = 0.0
         self.shapes: Counter = Counter()
+        self.int8_shapes: Counter = Counter()
         self.calls: list[tuple[int, int]] = []
         self._open: dict[int, float] = {}
         self._depth = 0  # attention modules open (linear time inside one is not attention's)
@@ -175,7 +178,10 @@ class _Timers:
         if self._depth:
             self.linear_in_attention += dt
         x = args[0]
-        self.shapes[(x.numel() // x.shape[-1], module.in_features, module.out_features)] += 1
+        shape = (x.numel() // x.shape[-1], module.in_features, module.out_features)
+        self.shapes[shape] += 1
+        if isinstance(module, W8A8Linear) and module.int8_prefill and shape[0] > DECODE_ROWS:
+            self.int8_shapes[shape] += 1
 
     def _attention_start(self, module, args, kwargs) -> None:
         self._depth += 1
@@ -214,6 +220,7 @@ def split_prefill(model, input_ids: torch.Tensor, config: CakeConfig | None) -> 
         eviction_seconds=eviction,
         shapes=dict(timers.shapes),
         attention=tuple(timers.calls),
+        int8_shapes=dict(timers.int8_shapes),
     )
 
 
@@ -222,7 +229,8 @@ class PeakRow:
     """One prefill set against the host's peak. Seconds, GFLOP/s; fractions in 0..1 (of the peak)."""
 
     model: str
-    dtype: str  # the dtype the linear layers multiply in (a quantized layer's prefill: its dequantized dtype)
+    dtype: str  # the dtype the linear layers multiply in (a quantized layer's prefill: its dequantized dtype;
+    # w8a8's integer prefill calls are set against the int8 peak, `peak_row`)
     tokens: int
     method: str
     prefill_seconds: float
@@ -267,6 +275,8 @@ def peak_row(
     # The GEMMs run on torch's current thread count: the caller sets it to the prefill's.
     """`split_prefill`, then the peak of every linear shape it ran in every kind of `kinds` (default
     `available_kinds`) and in the model's dtype, and the attention peak, each the best of `repeats`.
+    The linear layers' own peak (`PeakRow.linear_peak_gflops`) is that of the calls as they ran: in the
+    model's dtype, and w8a8's integer prefill calls (`PrefillSplit.int8_shapes`) in int8.
 
     Raises:
         ValueError: as `prefill`, or an attention split that cannot be set against a peak (no layer attended).
@@ -277,11 +287,24 @@ def peak_row(
     kinds = tuple(kinds or available_kinds())
     flops = sum(gemm_flops(*shape) * calls for shape, calls in split.shapes.items())
 
+    ran_int8 = ("int8",) if split.int8_shapes else ()
+    best = {
+        (shape, kind): gemm_seconds(*shape, kind, repeats)
+        for shape in split.shapes
+        for kind in dict.fromkeys((own, *kinds, *ran_int8))
+    }
+
     def rate(kind: str) -> float:
-        seconds = sum(gemm_seconds(*shape, kind, repeats) * calls for shape, calls in split.shapes.items())
+        seconds = sum(best[shape, kind] * calls for shape, calls in split.shapes.items())
         return flops / max(seconds, 1e-12) / 1e9
 
     peaks = {kind: rate(kind) for kind in dict.fromkeys((own, *kinds))}
+    # the peak of the calls as they ran: w8a8's integer prefill calls at int8's, the others at the dtype's
+    at_peak = sum(
+        best[shape, own] * (calls - split.int8_shapes.get(shape, 0))
+        + best.get((shape, "int8"), 0.0) * split.int8_shapes.get(shape, 0)
+        for shape, calls in split.shapes.items()
+    )
     cfg = model.config
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -302,7 +325,7 @@ def peak_row(
         rest_seconds=split.rest_seconds,
         eviction_seconds=split.eviction_seconds,
         linear_gflops=flops / max(split.linear_seconds, 1e-12) / 1e9,
-        linear_peak_gflops=peaks[own],
+        linear_peak_gflops=flops / max(at_peak, 1e-12) / 1e9,
         attention_gflops=attn_flops / max(split.attention_seconds, 1e-12) / 1e9,
         attention_peak_gflops=attn_peak,
         peaks=peaks,

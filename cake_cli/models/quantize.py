@@ -323,12 +323,17 @@ class W8A8Linear(QuantizedLinear):
         """[..., K] -> [..., N] in the input's dtype: every forward in integer arithmetic (`fused` for
         decode, `prefill_product` for more than `DECODE_ROWS` tokens) unless `int8_prefill` is off."""
         rows = x.reshape(-1, self.in_features)  # [M, K]
-        if rows.shape[0] <= DECODE_ROWS or not self.int8_prefill:
+        if not self.integer_prefill(rows.shape[0]):
             return super().forward(x)
         out = self.prefill_product(rows.float())
         if self.bias is not None:
             out = out + self.bias.float()
         return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
+
+    def integer_prefill(self, rows: int) -> bool:
+        """Whether a forward of `rows` tokens runs `prefill_product`: more than `DECODE_ROWS` of them
+        (fewer decode through `fused`) and `int8_prefill` on."""
+        return rows > DECODE_ROWS and self.int8_prefill
 
     def prefill_product(self, rows: torch.Tensor) -> torch.Tensor:
         """[M, K] float32 rows -> [M, N] float32 product, no bias, each row quantized over its own range.

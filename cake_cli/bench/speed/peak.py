@@ -34,7 +34,7 @@ from torch import nn
 
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.generate import prefill
-from cake_cli.models.quantize import DECODE_ROWS, QuantizedLinear, W8A8Linear, quantize_int8, w8a8_available
+from cake_cli.models.quantize import QuantizedLinear, W8A8Linear, quantize_int8, w8a8_available
 
 PEAK_REPEATS = 3  # GEMM repeats per shape; the best is the peak
 ATTENTION_KEYS = 2048  # keys of the attention peak's GEMM at most ([n, d] x [d, min(n, this)]: bounded memory)
@@ -180,7 +180,7 @@ class _Timers:
         x = args[0]
         shape = (x.numel() // x.shape[-1], module.in_features, module.out_features)
         self.shapes[shape] += 1
-        if isinstance(module, W8A8Linear) and module.int8_prefill and shape[0] > DECODE_ROWS:
+        if isinstance(module, W8A8Linear) and module.integer_prefill(shape[0]):
             self.int8_shapes[shape] += 1
 
     def _attention_start(self, module, args, kwargs) -> None:

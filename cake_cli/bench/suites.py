@@ -100,6 +100,7 @@ class RealSuite:
     subset: str | None = None  # the half of the set's split by document asked ("tune", "held-out"); None: all
     abstain: str = DEFAULT_ABSTAIN  # an unsupported answer: "never" scored as given, "unsupported" withheld
     versus: str = "cake"  # the method whose paired intervals against every other the report prints
+    doubt_threshold: float | None = None  # --abstain doubt: the model profile's (None: abstain.DOUBT_THRESHOLD)
     tasks: tuple[str, ...] = REAL_TASKS  # the row tasks (`scoring.REAL_WEIGHTS`)
     split: str = "real"
     depths: tuple[float, ...] = ()
@@ -266,7 +267,7 @@ class CaseResult:
     genre: str | None = None  # genre suite: the haystack's genre (`bench.genres`); `split` is its split
     survival: list | None = None  # --diagnose survival: [L][F] share of each fact's tokens kept (`bench.survival`)
     kept: list | None = None  # --diagnose survival, real suite: [L] tokens each layer kept per KV head
-    check: float | None = None  # real suite, --abstain checked: the check pass's P(yes) (`tasks.answers.check`)
+    check: float | None = None  # real suite, --abstain checked: P(yes); doubt: P(abstaining) (`tasks.answers.check`)
 
     @property
     def key(self) -> tuple:

@@ -186,12 +186,13 @@ def real_suite_from(
     split: str | None = None,
     abstain: str = DEFAULT_ABSTAIN,
     versus: str = "cake",
+    doubt_threshold: float | None = None,
     **needle_only,
 ) -> RealSuite:
     """The real-document suite from its options (`needle_only`: the needle suite's options, which
     must be left out). The set is read and checked here (cheap), the documents by the runner.
     With `split` ("tune" or "held-out") the suite asks that half's documents (those of it named in
-    `documents`, when given).
+    `documents`, when given). `doubt_threshold`: the model profile's, for `--abstain doubt`.
 
     Raises:
         UsageError: a needle-suite option given, bad --lengths, an unknown split, or a document
@@ -222,7 +223,9 @@ def real_suite_from(
     lengths = tuple(int_list(lengths, "--lengths")) if lengths else REAL_LENGTHS
     if abstain not in ABSTAIN_MODES:
         raise unknown_name("--abstain mode", abstain, ABSTAIN_MODES)
-    return RealSuite(lengths, ids, quick, long, subset=split, abstain=abstain, versus=versus)
+    return RealSuite(
+        lengths, ids, quick, long, subset=split, abstain=abstain, versus=versus, doubt_threshold=doubt_threshold
+    )
 
 
 @dataclass(frozen=True)

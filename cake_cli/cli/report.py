@@ -155,10 +155,11 @@ def support_text(r: RunResult) -> Text:
         said = "abstained: the model says the document does not hold the answer"
         return Text(said + (f"; {s.reason}" if s.reason else ""), style="yellow" if s.reason else "")
     why = "not found in the document" if s.reason.startswith("no passage") else s.reason
+    doubt = "" if s.abstain_probability is None else f"; its probability of abstaining {s.abstain_probability:.2f}"
     if s.withheld:
-        said = f"WITHHELD, not supported by the document: {why}; the model answered {s.answer!r}"
+        said = f"WITHHELD, not supported by the document: {why}; the model answered {s.answer!r}{doubt}"
         return Text(said, style="bold yellow")
-    return Text(f"UNSUPPORTED: {why} (see the warning)", style="bold yellow")
+    return Text(f"UNSUPPORTED: {why}{doubt} (see the warning)", style="bold yellow")
 
 
 def dropped_text(r: RunResult) -> Text:

@@ -101,6 +101,7 @@ class ProfileFile(BaseModel):
     tau_source: str
     method: str = "cake"
     chunk: PositiveInt = DEFAULT_CHUNK
+    doubt_threshold: float | None = Field(default=None, gt=0.0, le=1.0)
 
     @field_validator("version", mode="before")
     @classmethod
@@ -260,6 +261,7 @@ def validate_profile(data: Any, file: Path) -> Profile:
         tau_source=spec.tau_source,
         method=spec.method,
         chunk=spec.chunk,
+        doubt_threshold=spec.doubt_threshold,
         source_file=file,
         aliases=spec.aliases,
         hub_id=spec.hub_id,

@@ -61,6 +61,9 @@ class Profile:
     tau_source: str
     method: str = "cake"  # the tasks' method when --method is not given (engine.methods.METHODS, not full)
     chunk: int = DEFAULT_CHUNK  # tokens per chunk of the cake-chunk method (CakeConfig.chunk)
+    # `--abstain doubt`: an unsupported answer is withheld when the model's probability of abstaining
+    # reaches this, 0-1 (None: `tasks.answers.abstain.DOUBT_THRESHOLD`); searched per model (benchmarks/real.md)
+    doubt_threshold: float | None = None
     source_file: Path | None = None
     aliases: tuple[str, ...] = ()
     hub_id: str | None = None

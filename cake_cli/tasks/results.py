@@ -60,6 +60,7 @@ class Support:
     passage: str  # the passage the model quoted ("" when it quoted none: the answer itself was looked for)
     reason: str = ""  # one line: why unsupported, or what an abstention means after a middle cut
     withheld: bool = False  # --abstain unsupported: the unsupported answer was not shown (`answers.abstain`)
+    abstain_probability: float | None = None  # --abstain doubt: the model's P(abstaining) (`answers.check`)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from cake_cli.engine.generate import GenerationResult, decode, prefill
 from cake_cli.engine.selection import select_tokens
 from cake_cli.errors import CakeError
 from cake_cli.models.loader import LoadedModel, load_model
-from cake_cli.tasks.answers.abstain import WITHHELD, decide
+from cake_cli.tasks.answers.abstain import DOUBT, WITHHELD, decide
+from cake_cli.tasks.answers.check import doubt_answer, doubt_tokens
 from cake_cli.tasks.answers.cite import ABSTAIN, ABSTAINED, find_support
 from cake_cli.tasks.answers.completion import DEFAULT_LINES, CodeFilter, filter_code
 from cake_cli.tasks.inputs.documents import page_of_offset, pages_of_range
@@ -209,7 +210,9 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
                 cb.on_text(out)
 
     streamer = _Streamer(prep.loaded.tokenizer, on_text) if on_text else None
-    result = _generate(prep, cb, streamer, (lambda _tokens: code.done) if code is not None else None, run)
+    doubt, read_doubt = doubt_reader(prep)
+    done = (lambda _tokens: code.done) if code is not None else None
+    result = _generate(prep, cb, streamer, done, run, read_doubt)
     text = prep.loaded.tokenizer.decode(list(result.token_ids), skip_special_tokens=True)
     answer, raw_answer, location = text.strip(), None, None
     if code is not None:
@@ -229,7 +232,10 @@ def finish(prep: Prepared, cb: Callbacks, run: Callable[..., GenerationResult] |
         reply, answer = answer, (ABSTAIN if support.status == ABSTAINED else support.answer or answer)
         asked = request.fields.get("question", request.fields.get("query", ""))
         if request.task == "qa":  # a needle's reply is its quote: flagged, never withheld
-            support = decide(support, request.abstain, plan.text, asked)
+            profile = prep.loaded.profile  # --abstain doubt: the model's own threshold where its profile has one
+            threshold = profile.doubt_threshold if profile is not None else None
+            support = decide(support, request.abstain, plan.text, asked, doubt.get("p"), threshold)
+            support = replace(support, abstain_probability=doubt.get("p"))
         if support.withheld:
             reply, answer, raw_answer = withheld_reply(reply, cb, text), WITHHELD, answer
     return RunResult(
@@ -291,13 +297,16 @@ def select_prompt(prep: Prepared, input_ids: torch.Tensor, cb: Callbacks) -> tor
     return selection.ids(input_ids)
 
 
-def run_engine(prep: Prepared, cb: Callbacks, max_new_tokens: int, **decode_options) -> GenerationResult:
+def run_engine(
+    prep: Prepared, cb: Callbacks, max_new_tokens: int, before_decode=None, **decode_options
+) -> GenerationResult:
     """Prefill the prepared prompt (on `prep.threads.prefill` threads), then decode (starting on
     `prep.threads.decode`, then following the load: `tasks.threads.decode_following_load`); non-finite
     keys/values in a low-precision dtype become a CakeError.
 
     Args:
         max_new_tokens: tokens to generate (0: prefill only).
+        before_decode: optional function of the prefilled state, called before decoding (`doubt_reader`).
         decode_options: `engine.generate.decode` keywords (sampling, stop_ids, on_token, …).
     """
     loaded = prep.loaded
@@ -310,6 +319,8 @@ def run_engine(prep: Prepared, cb: Callbacks, max_new_tokens: int, **decode_opti
     with finite(loaded):
         with threads_using(prep.threads.prefill):
             state = prefill(loaded.model, input_ids, prep.config, on_layer=cb.on_layer)
+            if before_decode is not None:
+                before_decode(state)
         if prep.selected is not None:  # the time to the first token includes the selection's forward
             state.seconds += prep.selected.seconds
         options = dict(max_new_tokens=max_new_tokens, **decode_options)
@@ -327,10 +338,32 @@ def finite(loaded: LoadedModel) -> Iterator[None]:
         ) from None
 
 
-def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None, done=None, run=None) -> GenerationResult:
+def doubt_reader(prep: Prepared) -> tuple[dict, Callable | None]:
+    """({"p": ...} once read, the reader) for `--abstain doubt` on a qa plan, else ({}, None).
+
+    The reader takes the prompt's prefilled state (its kept cache, before decoding) and stores the
+    model's probability of opening its reply with an abstention (`tasks.answers.check.doubt_answer`:
+    one forward of "Answer:" over a copy of the cache), which `abstain.decide` sets against
+    DOUBT_THRESHOLD. A sectioned qa reply is decided by foreign's rule (`tasks.sections`)."""
+    request = prep.plan.request
+    if not (prep.plan.template.locate and request.task == "qa" and request.abstain == DOUBT) or prep.plan.section:
+        return {}, None
+    readings: dict = {}
+    tokens = doubt_tokens(prep.loaded.tokenizer)
+
+    def read(state) -> None:
+        readings["p"] = doubt_answer(prep.loaded.model, state, [], tokens)
+
+    return readings, read
+
+
+def _generate(
+    prep: Prepared, cb: Callbacks, streamer: _Streamer | None, done=None, run=None, before_decode=None
+) -> GenerationResult:
     """Prefill + decode the prepared prompt with the template's decoding settings (or `run` it: it
     picks its own threads), streaming tokens; `done(tokens)` -> True ends the answer early (stop reason
-    "complete", e.g. --lines reached)."""
+    "complete", e.g. --lines reached); `before_decode(state)`, if given, is called with the prefilled
+    state before the first token is decoded (`doubt_reader`)."""
     plan, loaded = prep.plan, prep.loaded
     ngram = plan.request.no_repeat_ngram_size
     sampling = replace(
@@ -345,11 +378,11 @@ def _generate(prep: Prepared, cb: Callbacks, streamer: _Streamer | None, done=No
         stop_when=done,
     )
     if run is None:
-        result = run_engine(prep, cb, **options)
+        result = run_engine(prep, cb, before_decode=before_decode, **options)
     else:
         input_ids = torch.tensor([prep.prompt.input_ids], device=loaded.device)  # [1, n]
         with finite(loaded):
-            result = run(input_ids, **options)
+            result = run(input_ids, before_decode=before_decode, **options)
     if streamer:
         streamer.end()
     if result.stop_reason == "max_positions":

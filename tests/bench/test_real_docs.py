@@ -313,7 +313,7 @@ def test_real_suite_end_to_end_then_resume(cli_env):
     rows = data["rows"]
     assert len(rows) == 2 * 3  # 2 questions (quick) x (full + cake + h2o at one budget)
     assert data["meta"]["split"] == "real" and data["meta"]["documents"] == ["python-textwrap"]
-    assert data["meta"]["subset"] == "tune" and data["meta"]["abstain"] == "foreign"
+    assert data["meta"]["subset"] == "tune" and data["meta"]["abstain"] == "doubt"  # the default
     assert {r["task"] for r in rows} <= set(REAL_TASKS) and {r["source"] for r in rows} == {"python-textwrap"}
     assert all(r["support"] in ("located", "unsupported", "abstained") for r in rows)
     assert all(0.0 <= r["score"] <= 1.0 and r["exact"] in (0.0, 1.0) for r in rows)

@@ -8,7 +8,9 @@ the reply's reading, the passage's location, the report and the JSON all run for
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
@@ -31,8 +33,10 @@ def tokenizer(tiny_profile_dir):
 
 @pytest.fixture
 def forced(monkeypatch, tokenizer):
-    """`forced(text)`: from now on the engine generates exactly `text` (teacher forcing)."""
+    """`forced(text)`: from now on the engine generates exactly `text` (teacher forcing), from a document
+    or from a .cake file."""
     from cake_cli.tasks import runner as engine  # the runner's reference to engine.generate.decode
+    from cake_cli.tasks.saved import compress as saved  # and the saved path's
 
     real = engine.decode
 
@@ -44,6 +48,7 @@ def forced(monkeypatch, tokenizer):
             return real(*args, forced_tokens=ids, **kwargs)
 
         monkeypatch.setattr(engine, "decode", decode)
+        monkeypatch.setattr(saved, "decode", decode)
 
     return use
 
@@ -87,6 +92,7 @@ def test_a_cited_passage_is_located_with_its_offset(short_doc, forced):
     at = flat(short_doc.read_text()).index(FOUNDED)
     assert "location" in streamed.stderr and "characters" in streamed.stderr and "UNSUPPORTED" not in streamed.stderr
     data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json"))
+    assert 0.0 < data["support"].pop("abstain_probability") < 1.0  # the default --abstain doubt reads it
     assert data["support"] == {
         "status": "located",
         "answer": "Guido van Rossum",
@@ -311,3 +317,56 @@ def test_long_usage_errors(long_doc, args, words):
 def test_long_is_an_option_of_summarize_and_qa_only(long_doc):
     assert invoke("needle", long_doc, "x", *TINY, "--long", "sections").exit_code == 2
     assert invoke("complete", long_doc, *TINY, "--long", "sections").exit_code == 2
+
+
+# ---- --abstain doubt: the model's own probability of abstaining, read on its kept cache ----------
+
+
+@pytest.mark.parametrize(("threshold", "withheld"), [(0.0, True), (1.0, False)])
+@pytest.mark.parametrize("source", ["document", "saved"])
+def test_abstain_doubt_withholds_an_unsupported_answer_when_the_model_doubts_it(
+    short_doc, cli_env, forced, monkeypatch, threshold, withheld, source
+):
+    from cake_cli.tasks.answers import abstain
+
+    monkeypatch.setattr(abstain, "DOUBT_THRESHOLD", threshold)  # 0: every reading reaches it; 1: none does
+    target = short_doc
+    if source == "saved":  # the same reading on a .cake file's continuation, held at 4 bits in memory
+        target = cli_env / "notes.cake"
+        made = invoke("compress", short_doc, "-o", target, *TINY, "--dtype", "float32", "--kv-bits", "4")
+        assert made.exit_code == 0, made.stderr
+    forced("Answer: Python")  # the document's own word, in no sentence about the question: unsupported
+    data = as_json(invoke("qa", target, "Who created Python?", *TINY, "--abstain", "doubt", "--json"))
+    support = data["support"]
+    assert support["status"] == "unsupported" and support["withheld"] is withheld
+    assert 0.0 < support["abstain_probability"] < 1.0
+    assert (data["answer"] == "not supported by the document") is withheld
+    shown = flat(invoke("qa", target, "Who created Python?", *TINY, "--abstain", "doubt").stderr)
+    said = f"its probability of abstaining {support['abstain_probability']:.2f}"  # the report says the reading
+    assert said in shown and ("WITHHELD" in shown) is withheld
+
+
+def test_abstain_doubt_reads_nothing_for_a_located_answer_to_change(short_doc, forced, monkeypatch):
+    from cake_cli.tasks.answers import abstain
+
+    monkeypatch.setattr(abstain, "DOUBT_THRESHOLD", 0.0)
+    forced(f'Answer: Guido van Rossum\nPassage: "{FOUNDED}"')
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--abstain", "doubt", "--json"))
+    assert data["support"]["status"] == "located" and data["support"]["withheld"] is False
+    assert data["answer"] == "Guido van Rossum" and data["support"]["abstain_probability"] > 0.0
+
+
+def test_abstain_doubt_sets_the_reading_against_the_profiles_own_threshold(short_doc, cli_env, forced, monkeypatch):
+    import yaml
+
+    from cake_cli.tasks.answers import abstain
+
+    monkeypatch.setattr(abstain, "DOUBT_THRESHOLD", 0.0)  # the task default would withhold every such answer
+    own = cli_env / "profiles"
+    own.mkdir()
+    spec = yaml.safe_load((Path(os.environ["CAKE_PROFILES_DIR"]) / "tiny-test.yaml").read_text())
+    (own / "tiny-test.yaml").write_text(yaml.safe_dump({**spec, "doubt_threshold": 1.0}))  # this model's: none
+    monkeypatch.setenv("CAKE_PROFILES_DIR", str(own))
+    forced("Answer: Python")
+    data = as_json(invoke("qa", short_doc, "Who created Python?", *TINY, "--json"))
+    assert data["support"]["status"] == "unsupported" and data["support"]["withheld"] is False

@@ -90,6 +90,7 @@ def test_profiles_list(cli_env):
 def test_profiles_show(cli_env):
     view = runner.invoke(app, ["profiles", "show", "tiny-test"])
     assert view.exit_code == 0 and "tiny random Llama" in view.stdout and "B=256" in view.stdout
+    assert "threshold 0.1 (the default)" in view.stdout  # --abstain doubt's, where the profile names none
     data = json.loads(runner.invoke(app, ["profiles", "show", "mistral-7b", "--json"]).stdout)  # an alias
     assert data["name"] == "mistral" and data["taus"][0] == {"budget": 128, "tau1": 1.0, "tau2": 0.8}
 

@@ -124,7 +124,7 @@ def test_qa_json_schema_and_stdin(doc):
     assert data["location"] is None  # a random model's reply: not located
     assert data["support"]["withheld"] is (data["raw_answer"] is not None)  # the answer withheld is kept there
     assert data["support"]["status"] in ("unsupported", "abstained") and set(data["support"]) == {
-        "status", "answer", "passage", "reason", "withheld",
+        "status", "answer", "passage", "reason", "withheld", "abstain_probability",
     }  # fmt: skip
     assert json.loads(via_stdin.stdout)["answer"] == data["answer"]
     assert json.loads(via_stdin.stdout)["prompt_tokens"] == data["prompt_tokens"]

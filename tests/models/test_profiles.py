@@ -317,6 +317,9 @@ def test_unknown_name_without_close_match_lists_valid():
         ({"method": "cake-chunks"}, "method 'cake-chunks' is not one of"),
         ({"method": 3}, "'method' must be"),
         ({"chunk": 0}, "'chunk' must be a positive integer"),
+        ({"doubt_threshold": 0}, "'doubt_threshold'"),
+        ({"doubt_threshold": 1.5}, "'doubt_threshold'"),
+        ({"doubt_threshold": "high"}, "'doubt_threshold'"),
     ],
 )
 def test_schema_errors(tmp_path, changes, needle):
@@ -407,3 +410,8 @@ def test_profiles_are_frozen():
     with pytest.raises(AttributeError):
         p.window = 8  # type: ignore[misc]
     assert math.isclose(p.gamma, 200.0)
+
+
+def test_doubt_threshold_is_read_or_left_to_the_task_default(tmp_path):
+    assert parse_profile(write(tmp_path, valid(doubt_threshold=0.3), stem="toy")).doubt_threshold == 0.3
+    assert parse_profile(write(tmp_path, valid(), stem="toy")).doubt_threshold is None

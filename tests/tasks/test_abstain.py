@@ -14,6 +14,8 @@ from cake_cli.tasks.answers.abstain import (
     ABSTAIN_MODES,
     CHECK_THRESHOLD,
     CHECKED,
+    DOUBT,
+    DOUBT_THRESHOLD,
     FOREIGN,
     NEVER,
     WITHHELD,
@@ -62,12 +64,18 @@ def test_each_mode_withholds_exactly_the_answers_it_names(reply, status, foreign
         NEVER: False,
         FOREIGN: status == "unsupported" and foreign,
         CHECKED: status == "unsupported" and foreign,  # not asked (check None): foreign's rule
+        DOUBT: status == "unsupported" and foreign,
         WITHHOLD_UNSUPPORTED: status == "unsupported",
     }
     for check in (0.0, CHECK_THRESHOLD - 1e-6, CHECK_THRESHOLD, 1.0):  # the model's own P(yes)
         says_no = check < CHECK_THRESHOLD
         assert decide(support, CHECKED, DOC, QUESTION, check).withheld == (
             status == "unsupported" and (foreign or says_no)
+        )
+    for check in (0.0, DOUBT_THRESHOLD - 1e-6, DOUBT_THRESHOLD, 1.0):  # the model's own P(abstaining)
+        doubts = check >= DOUBT_THRESHOLD
+        assert decide(support, DOUBT, DOC, QUESTION, check).withheld == (
+            status == "unsupported" and (foreign or doubts)
         )
     for mode in ABSTAIN_MODES:
         decided = decide(support, mode, DOC, QUESTION)

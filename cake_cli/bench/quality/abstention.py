@@ -75,7 +75,10 @@ def rescore_inputs(rows: list[dict]) -> tuple[dict[str, str], dict[str, tuple]]:
     return texts, {q.id: (q.question, q.answers) for q in real.questions}
 
 
-def rescore(rows: list[dict], mode: str, documents: Mapping[str, str], questions: Mapping[str, str]) -> list[dict]:
+def rescore(
+    rows: list[dict], mode: str, documents: Mapping[str, str], questions: Mapping[str, str],
+    threshold: float | None = None,
+) -> list[dict]:  # fmt: skip
     """`rows` of a run (scored with any `--abstain` mode), as this code with `--abstain mode` would
     score them: each stored reply is read again (`cite.find_support` on the whole document) and scored
     (`scoring.real_scores`), an answer the rule withholds scored as an abstention.
@@ -85,6 +88,8 @@ def rescore(rows: list[dict], mode: str, documents: Mapping[str, str], questions
         mode: an `abstain.ABSTAIN_MODES` name.
         documents: document id -> its text.
         questions: question id -> (the question, its gold answers).
+        threshold: "checked" and "doubt": the threshold the stored checks are set against (None: the
+            mode's own, `abstain.decide`).
 
     Raises:
         ValueError: an unknown mode; a row of a middle-cut or sectioned document (its reading needs
@@ -97,7 +102,7 @@ def rescore(rows: list[dict], mode: str, documents: Mapping[str, str], questions
         question, answers = questions[row["case_id"]]
         text = documents[row["source"]]
         support = find_support(row["prediction"], text, query=question)[1]
-        support = decide(support, mode, text, question, row.get("check"))  # checked: the stored check pass
+        support = decide(support, mode, text, question, row.get("check"), threshold)  # the stored check
         abstained = counts_as_abstention(support)
         score, exact = real_scores(support.answer, abstained, answers if row["task"] == "real" else ())
         out.append({**row, "support": support.status, "abstained": abstained, "score": score, "exact": exact})

@@ -36,8 +36,8 @@ from cake_cli.bench.survival import cache_positions, fact_survival, fact_token_s
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.replay import prefix_cache, record
 from cake_cli.errors import CakeError
-from cake_cli.tasks.answers.abstain import CHECKED, NEVER, counts_as_abstention, decide
-from cake_cli.tasks.answers.check import check_answer, check_tokens
+from cake_cli.tasks.answers.abstain import CHECKED, DOUBT, NEVER, counts_as_abstention, decide
+from cake_cli.tasks.answers.check import check_answer, check_tokens, doubt_answer, doubt_tokens
 from cake_cli.tasks.answers.cite import LOCATED, UNSUPPORTED, find_support
 from cake_cli.tasks.inputs.documents import page_of_offset
 from cake_cli.tasks.question_window import question_rows
@@ -213,15 +213,18 @@ def run_real(
     shared = SharedPrefixes(model, todo, window) if can_share(model, accumulate) else None
     asks_rows = any(v.question_window for v in variants)  # cake-qwin: score_rows from each prompt's question
     check = None
-    if suite.abstain == CHECKED and suite.long != SECTIONS:  # a sectioned reply is checked by none (foreign's rule)
-        check = partial(check_answer, model.model, tokens=check_tokens(model.tokenizer))
+    if suite.long != SECTIONS:  # a sectioned reply is checked by none (foreign's rule)
+        if suite.abstain == CHECKED:
+            check = partial(check_answer, model.model, tokens=check_tokens(model.tokenizer))
+        elif suite.abstain == DOUBT:
+            check = partial(doubt_answer, model.model, tokens=doubt_tokens(model.tokenizer))
     for case, cells in todo:
         question, length = case.question, case.length
         prompts = _prompts(case)
         replies: dict = {}  # (variant name, budget) -> [reply of each section]
         seconds: dict = {}
         seen: dict = {}  # (variant name, budget) -> (survival [L][2], kept [L]) with diagnose
-        checks: dict = {}  # (variant name, budget) -> the check pass's P(yes) (`--abstain checked`, read whole)
+        checks: dict = {}  # (variant name, budget) -> its check (`--abstain checked` or `doubt`, read whole)
         selected_prefill: dict = {}  # (variant name, budget) -> its selected prompt's prefill (@select)
         spans = evidence_spans(model, case) if diagnose and not case.sections else None
         inspect = partial(_inspect, spans=spans) if spans and spans[0] is not None else None
@@ -261,7 +264,10 @@ def run_real(
             config = variant.config(configs[budget]) if budget is not None else None
             key = (variant.name, budget)
             prefilled = selected_prefill.get(key, recorded)
-            row = _row(case, variant, budget, config, replies[key], seconds[key], prefilled, suite.abstain, checks[key])
+            row = _row(
+                case, variant, budget, config, replies[key], seconds[key], prefilled, suite.abstain, checks[key],
+                suite.doubt_threshold,
+            )  # fmt: skip
             if seen.get(key) is not None:
                 row = replace(row, survival=seen[key][0], kept=seen[key][1])
             case_rows.append(row)
@@ -388,13 +394,15 @@ def _support(case: RealCase, replies: list[str]) -> tuple[str, Support]:
 
 def _row(
     case: RealCase, variant: Variant, budget, config, replies, seconds: float, recorded: float, abstain: str = NEVER,
-    check: float | None = None,
+    check: float | None = None, threshold: float | None = None,
 ) -> CaseResult:  # fmt: skip
     """The scored row of one method's reply (a list: one reply per section with sections); an
     unsupported answer is withheld (scored as an abstention) as `abstain.decide` rules with `abstain`
-    and `check` (the check pass's P(yes), `--abstain checked`), which the row keeps."""
+    and `check` (the check pass's P(yes), `--abstain checked`, or the abstention probability,
+    `--abstain doubt`, set against `threshold`: the model profile's, None for the mode's own), which the row
+    keeps."""
     text, support = _support(case, [replies] if isinstance(replies, str) else list(replies))
-    support = decide(support, abstain, case.document.doc.text, case.question.question, check)
+    support = decide(support, abstain, case.document.doc.text, case.question.question, check, threshold)
     abstained = counts_as_abstention(support)
     score, exact = real_scores(support.answer, abstained, case.answers)
     return CaseResult(

@@ -290,8 +290,8 @@ def target_checks(summary: Summary, method: str = "cake", targets=TARGETS) -> li
     return lines
 
 
-REAL_TARGETS = (  # the real-document suite's targets (issue 24)
-    (1024, 0.60, 0.70),  # at B: share of answerable questions answered right (exact), share of abstentions
+REAL_TARGETS = (  # the real-document suite's targets (issue 24; the default model's exact share: issue 45's 65%)
+    (1024, 0.65, 0.70),  # at B: share of answerable questions answered right (exact), share of abstentions
     (256, 0.90),  # at B: CAKE's overall exact accuracy as a share of the full cache's
 )
 
@@ -300,7 +300,7 @@ RIGHT_LOCATED = 0.80  # share of the right answers that cite a located passage (
 
 
 def real_target_checks(rows: list[dict], exact: Summary, method: str = "cake") -> list[str]:
-    """The real-document suite's PASS / FAIL lines: `method` at B = 1024 answers >= 60% of the
+    """The real-document suite's PASS / FAIL lines: `method` at B = 1024 answers >= 65% of the
     answerable questions right (exact) and abstains on >= 70% of the others; at B = 256 it keeps
     >= 90% of the full cache's overall exact accuracy; at B = 1024 >= 80% of its right answers cite a
     located passage; and the share of its answers (at every budget) that cite a passage found in the

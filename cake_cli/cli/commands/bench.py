@@ -46,6 +46,7 @@ from cake_cli.cli.bench_options import (
 )
 from cake_cli.engine.methods import PAPER_METHODS
 from cake_cli.errors import UsageError, unknown_name
+from cake_cli.models.profiles import profile_of
 from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 
 bench_app = typer.Typer(**HELP_STYLE, no_args_is_help=True, help="Benchmarks that print numbers.")
@@ -111,9 +112,11 @@ def quality(
             "--abstain",
             metavar="MODE",
             help="--suite real: an answer no passage of the document holds is scored as `cake qa --abstain MODE` "
-            "shows it: unsupported (withheld: scored as an abstention) or never (scored as given); checked (the "
-            "benchmark's only): foreign's rule, and also withheld where the model, asked on its kept cache whether "
-            "the document states its answer, says no (tasks/answers/check.py).",
+            "shows it: doubt (withheld where a word or number is foreign to the document or the model's own "
+            "probability of abstaining reaches a threshold: scored as an abstention), foreign, unsupported (every "
+            "such answer withheld) or never (scored as given); checked (the benchmark's only): foreign's rule, and "
+            "also withheld where the model, asked on its kept cache whether the document states its answer, says "
+            "no (tasks/answers/check.py).",
         ),
     ] = DEFAULT_ABSTAIN,
     versus: Annotated[
@@ -187,6 +190,7 @@ def quality(
                 split,
                 abstain,
                 versus or "cake",
+                getattr(profile_of(model), "doubt_threshold", None),
                 tasks=tasks,
                 depths=depths,
                 repeats=repeats,

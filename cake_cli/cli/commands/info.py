@@ -235,6 +235,7 @@ def profiles_list(json_out: o.Json = False) -> None:
 def profiles_show(name: o.ProfileName, json_out: o.Json = False) -> None:
     """Show one profile: every setting, the published (tau1, tau2) per budget, and the weights' status."""
     from cake_cli.models.profiles import load_profile
+    from cake_cli.tasks.answers.abstain import DOUBT_THRESHOLD
 
     with handled():
         p = profile_dict(load_profile(name))
@@ -249,6 +250,11 @@ def profiles_show(name: o.ProfileName, json_out: o.Json = False) -> None:
             "source": p["hub_id"] or (f"embedded: {p['embedded']}" if p["embedded"] else p["path"]),
             "weights": p["status"],
             "method": p["method"] + (f" (chunks of {p['chunk']} tokens)" if p["method"] == "cake-chunk" else ""),
+            "abstain (doubt)": (
+                f"threshold {p['doubt_threshold']:g}"
+                if p["doubt_threshold"] is not None
+                else f"threshold {DOUBT_THRESHOLD:g} (the default)"
+            ),
             "dtype (CUDA)": p["dtype"],
             "max prompt": f"{p['max_prompt_tokens']} tokens",
             "window w": f"{p['window']} tokens",

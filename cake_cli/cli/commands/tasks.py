@@ -113,7 +113,9 @@ Abstain = Annotated[
         metavar="MODE",
         help="When no passage of the document holds the answer (the cited passage is not found, or does not "
         "hold the answer's words and numbers): foreign withholds it where one of its words or numbers is "
-        "nowhere in the document; unsupported withholds every such answer; a withheld answer is said so on a "
+        "nowhere in the document; doubt withholds those and also one where the model's own probability of "
+        "opening its reply with 'not in the document' is high (read on the kept cache, one short forward); "
+        "unsupported withholds every such answer; a withheld answer is said so on a "
         "line of its own (the model's answer stays in the report and in --json as raw_answer); never shows "
         "it, flagged UNSUPPORTED.",
     ),

@@ -77,6 +77,7 @@ def _meta(loaded: LoadedModel, setup: GridSetup, extra: dict) -> dict:
                 "quick": suite.quick,
                 "long": suite.long,
                 "abstain": suite.abstain,
+                "doubt_threshold": suite.doubt_threshold,
             }
             if isinstance(suite, RealSuite)
             else {}

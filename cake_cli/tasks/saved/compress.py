@@ -198,7 +198,7 @@ def answer(compressed: Compressed, plan: Plan, cb: Callbacks | None = None) -> R
     model, n = prep.loaded.model, len(compressed.meta.prefix_ids)
     timing: dict[str, float] = {}
 
-    def run(input_ids: torch.Tensor, *, on_token=None, **decode_options):
+    def run(input_ids: torch.Tensor, *, on_token=None, before_decode=None, **decode_options):
         cb.status(f"continuation: {input_ids.shape[1] - n} task tokens after the {n}-token compressed prefix")
 
         def first(token: int) -> None:
@@ -210,6 +210,8 @@ def answer(compressed: Compressed, plan: Plan, cb: Callbacks | None = None) -> R
             cont, capacity = continue_prefix(
                 model, compressed.state, input_ids, prep.config, evict=compressed.meta.whole
             )
+            if before_decode is not None:
+                before_decode(cont)
         return decode_following_load(
             prep.threads,
             decode,

@@ -2,7 +2,10 @@
 
 With nothing evicted, an answer from a .cake (prefix prefilled once, the question run as a
 continuation) is the answer of `cake qa DOC` (one prefill of the whole prompt): the prompt's split
-tokenization changes no id and the continuation computes the same attention.
+tokenization changes no id and the continuation computes the same attention. The weights are int8
+(multiplied in float32): with w8a8, which quantizes each activation row to 8 bits, the float noise
+between a continuation's attention and a whole prefill's can move a code by one step, and on an AMX
+host that flipped the 24th greedy token (an end of turn against " m").
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from tests.helpers.texts import license_text
 pytestmark = real_model_marks(SMOLLM2)
 runner = CliRunner()
 QUESTION = "What is the best thing to do in San Francisco?"
-MODEL = ["--model", "smollm2", "--dtype", "float32", "-n", "24"]
+MODEL = ["--model", "smollm2", "--dtype", "float32", "--weights", "int8", "-n", "24"]
 
 
 def run(monkeypatch, home, *args) -> dict:
@@ -35,9 +38,9 @@ def test_cake_file_without_eviction_answers_as_the_document(tmp_path, monkeypatc
     doc = tmp_path / "license.txt"
     doc.write_text(text[:1200] + " " + NEEDLE + " " + text[1200:], encoding="utf-8")
     cake = tmp_path / "license.cake"
-    saved = run(monkeypatch, shared_home, "compress", doc, "-o", cake, *MODEL[:4], "-b", "4096")
+    saved = run(monkeypatch, shared_home, "compress", doc, "-o", cake, *MODEL[:6], "-b", "4096")
     assert not saved["evicted"] and saved["file_ratio"] < 1.05 + 200_000 / saved["kv_bytes_kept"]
-    on_cake = run(monkeypatch, shared_home, "qa", cake, QUESTION, "-n", "24")
+    on_cake = run(monkeypatch, shared_home, "qa", cake, QUESTION, *MODEL[4:])
     on_doc = run(monkeypatch, shared_home, "qa", doc, QUESTION, *MODEL, "-b", "4096")
     assert on_cake["answer"] == on_doc["answer"] and on_cake["prompt_tokens"] == on_doc["prompt_tokens"]
     assert "sandwich" in on_cake["answer"].lower() or "dolores" in on_cake["answer"].lower()

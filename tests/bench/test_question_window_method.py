@@ -60,7 +60,6 @@ def test_the_real_suite_runs_cake_qwin_with_each_prompts_question_rows(cli_env):
     args = ["bench", "quality", "--suite", "real", "--model", "tiny-test", "--threads", "1", "--quick"]
     args += ["--documents", "python-textwrap", "--lengths", "600", "--window", "64", "--budgets", "96"]
     args += ["--methods", "full,cake,cake-qwin", "--output", str(out)]
-    args += ["--abstain", "foreign"]  # no reading on a second replay (--abstain doubt's): one replay per cell
     seen = []  # the score_rows of every replay (None: the full cache)
     original = run.replay
 

@@ -242,8 +242,9 @@ def run_real(
                 recorded += rec.seconds
             rows_q = question_rows(model.tokenizer, input_ids, question.question) if asks_rows else None
             for variant, budget, _, text, spent, inspected, checked in replay_cells(
-                model, ids, rec, plain, configs, new_tokens, label, on_step, inspect, rows_q, check
-            ):
+                model, ids, rec, plain, configs, new_tokens, label, on_step, inspect, rows_q, check,
+                check_before_decode=suite.abstain == DOUBT,
+            ):  # fmt: skip
                 replies.setdefault((variant.name, budget), []).append(text)
                 seen[(variant.name, budget)] = inspected
                 checks[(variant.name, budget)] = checked

@@ -229,6 +229,7 @@ def replay_cells(
     inspect=None,
     question_rows: int | None = None,
     check=None,
+    check_before_decode: bool = False,
 ) -> list:
     """Every (variant, budget) cell of one recorded prefill, replayed and answered.
 
@@ -243,6 +244,8 @@ def replay_cells(
         check: optional function (replayed prefill state, answer token ids) -> the check pass's P(yes)
             (`tasks.answers.check.check_answer`), run on a second replay of the cell (decoding changed the
             first); its value ends each tuple (None without it).
+        check_before_decode: the check reads no answer (`tasks.answers.check.doubt_answer`, given `[]`): it
+            runs on the cell's own replay before decoding (it works on a copy), with no second replay.
 
     Returns:
         [(variant, budget, config, answer, seconds, inspected, checked)] in cell order. Cells that keep the same
@@ -264,9 +267,12 @@ def replay_cells(
         seen = inspect(state) if inspect else None
         same = kept_key(state, config)
         if same not in answers:
+            early = check(state, []) if check and check_before_decode else None
             generated = decode(model.model, ids, state, config, max_new_tokens=new_tokens, stop_ids=model.stop_ids)
             text = model.tokenizer.decode(list(generated.token_ids), skip_special_tokens=True).strip()
-            checked = check(replay(rec, config), list(generated.token_ids)) if check else None
+            checked = early
+            if check and not check_before_decode:
+                checked = check(replay(rec, config), list(generated.token_ids))
             answers[same] = (text, checked)
         text, checked = answers[same]
         out.append((variant, budget, config, text, time.perf_counter() - start, seen, checked))

@@ -136,6 +136,7 @@ class Variant:
     question_window: bool = False  # score with the question's rows (CakeConfig.score_rows = question_rows)
     select: bool = False  # read only the tokens GemFilter's early-layer selection keeps (`--prefill select`)
     select_layer: int | None = None  # the selection's layer (`--select-layer`; None: `selection.default_layer`)
+    rank_layer: int | None = None  # override CakeConfig.rank_layer (`NAME@rank:L`)
 
     def config(self, base, question_rows: int | None = None):
         """`base` (a CakeConfig for one budget) switched to this variant; None for "full". With
@@ -152,11 +153,14 @@ class Variant:
             config = replace(config, gamma=self.gamma)
         if self.chunk is not None:
             config = replace(config, chunk=self.chunk)
+        if self.rank_layer is not None:
+            config = replace(config, rank_layer=self.rank_layer)
         return replace(config, tau1=self.taus[0], tau2=self.taus[1]) if self.taus else config
 
 
 CHUNK_SIZED = "cake-chunk:"  # `--methods cake-chunk:N`: cake-chunk with chunks of N tokens (the chunk-size search)
 SELECTED = "@select"  # `--methods NAME@select[:L]`: NAME on the prompt `cake qa --prefill select` reads (real suite)
+RANKED = "@rank:"  # `--methods NAME@rank:L`: the layers below L keep layer L's ranking (CakeConfig.rank_layer)
 
 
 def chunk_variant(name: str) -> Variant:
@@ -172,6 +176,28 @@ def chunk_variant(name: str) -> Variant:
             "write cake-chunk:N, e.g. cake-chunk:20",
         )
     return Variant(name, *resolve("cake-chunk"), chunk=int(size))
+
+
+def ranked_variant(name: str) -> Variant:
+    """`NAME@rank:L` as a Variant: method NAME (a budgeted METHODS name or `cake-chunk:N`) with every layer below
+    L keeping the tokens layer L's indicator ranks highest (`CakeConfig.rank_layer`; a layer past the model's is
+    refused when the model is loaded).
+
+    Raises:
+        UsageError: NAME is not a method with a budget, or L is not a whole number.
+    """
+    base, _, layer = name.partition(RANKED)
+    if not layer.isdigit():
+        raise UsageError(f"'{name}': the ranking layer must be a whole number", f"write {base}{RANKED}9")
+    if base.startswith(CHUNK_SIZED):
+        return replace(chunk_variant(base), name=name, rank_layer=int(layer))
+    if base not in METHODS or METHODS[base] is None:
+        budgeted = [m for m, pair in METHODS.items() if pair is not None]
+        raise UsageError(
+            f"'{name}': {RANKED}L ranks a method with a budget, and '{base}' is not one",
+            f"write one of {', '.join(m + RANKED + '9' for m in budgeted)}",
+        )
+    return Variant(name, *resolve(base), rank_layer=int(layer))
 
 
 def selected_variant(name: str) -> Variant:
@@ -208,6 +234,9 @@ def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
     for option, text in (("--methods", methods), ("--pairings", pairings)):
         for name in (m.strip() for m in text.split(",")):
             if not name:
+                continue
+            if option == "--methods" and RANKED in name:
+                out.append(ranked_variant(name))
                 continue
             if option == "--methods" and SELECTED in name:
                 out.append(selected_variant(name))

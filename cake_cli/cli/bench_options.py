@@ -31,7 +31,8 @@ Methods = Annotated[
         metavar="LIST",
         help=f"Comma-separated methods: {', '.join([*METHODS, *QUESTION_METHODS])} (cake-qwin: --suite real only); "
         "cake-chunk:N runs cake-chunk with chunks of N tokens (the profile's size otherwise); NAME@select runs "
-        "NAME on the tokens cake qa --prefill select keeps (--suite real only).",
+        "NAME on the tokens cake qa --prefill select keeps (--suite real only); NAME@rank:L runs NAME with every layer "
+        "below L keeping the tokens layer L ranks highest (not the paper's method).",
     ),
 ]
 Pairings = Annotated[

@@ -24,7 +24,7 @@ import torch
 
 from cake_cli.engine import allocation
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.indicators import accumulates, token_scores, top_k_sorted, variance_rows
+from cake_cli.engine.indicators import accumulates, shared_ranking, token_scores, top_k_sorted, variance_rows
 from cake_cli.engine.preference import dispersion, log_preference, shift
 from cake_cli.engine.window import window_attention
 
@@ -82,6 +82,11 @@ class CascadePrefill:
         if config.allocation not in allocation.ALLOCATIONS:  # global ranks reconstruction scores (engine.reconstruct)
             raise ValueError(f"allocation {config.allocation} needs --scoring reconstruct; the cascade cannot run it")
         self.collect_stats = collect_stats or allocation.ALLOCATIONS[config.allocation].uses_stats
+        rank = config.rank_layer
+        if rank is not None and (rank >= num_layers or self.windows[rank] is not None):
+            raise ValueError(
+                f"rank_layer {rank} is not a global (full-attention) layer of this {num_layers}-layer model"
+            )
 
     @property
     def cap(self) -> int:
@@ -174,8 +179,12 @@ class CascadePrefill:
             self._cascade(cache, layer_idx)
 
     def _cascade(self, cache, m: int) -> None:
-        """Stage m: allocate over the global layers 0..m (Eq. 9) and evict each to its budget (Eq. 10)."""
+        """Stage m: allocate over the global layers 0..m (Eq. 9) and evict each to its budget (Eq. 10).
+
+        With `config.rank_layer` R, stages below R allocate but evict nothing, and stage R gives every layer
+        below R the ranking of R's indicator (`indicators.shared_ranking`) before evicting layers 0..R."""
         seen = [i for i in self.global_layers if i <= m]
+        rank = self.config.rank_layer
         logs = [self.stats[i].log_preference for i in seen] if self.collect_stats else None
         total = self.config.evictable_total(len(self.global_layers))
         budgets = allocation.stage_budgets(
@@ -189,6 +198,12 @@ class CascadePrefill:
             window=self.config.window,
         )
         self.stages.append(budgets)
+        if rank is not None and m < rank:
+            return  # the layers below R wait for R's ranking
+        if rank is not None and m == rank:
+            shared = shared_ranking(self.indicators[rank])
+            for layer_idx in seen[:-1]:
+                self.indicators[layer_idx] = shared
         for layer_idx, budget in zip(seen, budgets):
             self.evict_layer(cache, layer_idx, budget)
         cache.track_peak()

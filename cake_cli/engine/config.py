@@ -83,6 +83,13 @@ class CakeConfig:
             instruction before them); the w window tokens are still all kept and the budgets are unchanged.
             0 (the default) = all w rows, the paper's method. Decode scores with its one new query row
             and is unaffected; reconstruction scoring (`engine.reconstruct`) does not read it.
+        rank_layer: R, 0-based, or None (the paper's method: every layer ranks its own tokens). When set, every
+            scored layer below R keeps the tokens that layer R's indicator ranks highest (its scores, each KV head's
+            normalised to sum 1, averaged over the KV heads: one ranking shared by every head), not its own: the
+            depth whose attention GemFilter (Shi et al. 2024) found to pick out the passage a question needs, where
+            the lowest layers' window attention spreads over local and syntactic tokens. Budgets are unchanged;
+            the layers below R are evicted once R has attended (they hold the whole prompt until then, which
+            raises the prefill's peak KV memory to about R / L of the full cache). Not the paper's method.
 
     Raises:
         ConfigError: from `validate` when a value is out of range (naming the field).
@@ -100,6 +107,7 @@ class CakeConfig:
     indicator: str = "cake"
     chunk: int = DEFAULT_CHUNK
     score_rows: int = 0
+    rank_layer: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -153,6 +161,14 @@ class CakeConfig:
                 "score_rows",
                 f"score_rows must be a whole number of window rows, at least 0 (got {self.score_rows!r})",
                 "0 scores with all w window rows (the paper's method)",
+            )
+        if self.rank_layer is not None and (
+            isinstance(self.rank_layer, bool) or not isinstance(self.rank_layer, int) or self.rank_layer < 0
+        ):
+            raise ConfigError(
+                "rank_layer",
+                f"rank_layer must be a layer index, at least 0 (got {self.rank_layer!r})",
+                "leave it unset for the paper's method (every layer ranks its own tokens)",
             )
         for field, value, valid in (
             ("allocation", self.allocation, (*ALLOCATIONS, *SCORE_ALLOCATIONS)),

@@ -313,3 +313,17 @@ def token_scores(
     else:
         scores = group_mean(smooth(scores, pool_kind, kernel), num_kv_heads)  # [H_kv, m]
     return chunk_means(scores, positions, chunk) if kind in CHUNKED else scores  # [H_kv, m]
+
+
+def shared_ranking(scores: torch.Tensor) -> torch.Tensor:
+    """One ranking for every KV head from a layer's indicator (`CakeConfig.rank_layer`): each head's scores
+    normalised to sum 1 (heads score on their own scales), then averaged over the heads.
+
+    Args:
+        scores: [H_kv, m] non-negative float32 indicator of one layer's candidate tokens (`token_scores`).
+
+    Returns:
+        [H_kv, m] float32, every row the same (a new tensor).
+    """
+    total = scores.sum(dim=-1, keepdim=True).clamp_min(1e-30)  # an all-zero head stays zero
+    return (scores / total).mean(dim=0, keepdim=True).expand_as(scores).contiguous()

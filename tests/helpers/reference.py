@@ -147,10 +147,15 @@ class MaskedReference:
             return
         final = allocation.cascade([self.log_prefs[i] for i in scored], cfg.evictable_total(len(scored)), n - w)[-1]
         self.budgets = [None] * self.num_layers
+        shared = None
+        if cfg.rank_layer is not None:  # the layers below R rank by R's heads' normalised scores, averaged
+            rows = [[x / sum(row) for x in row] for row in self.indicators[cfg.rank_layer]]
+            shared = [sum(col) / len(rows) for col in zip(*rows)]
         for layer, budget in zip(scored, final):
             self.budgets[layer] = budget
             for kv in range(self.num_kv):
-                keep = _top(self.indicators[layer][kv], budget)
+                below = shared is not None and layer < cfg.rank_layer
+                keep = _top(shared if below else self.indicators[layer][kv], budget)
                 for j in range(n - w):
                     self.visible[layer][kv][j] = j in keep
         self.capacity = [None if b is None else b + w for b in self.budgets]

@@ -109,7 +109,8 @@ def file_bytes(state: Prefilled, bits: int, window: int) -> int:
     return len(save_tensors(cache_tensors(state.cache, bits, DEFAULT_KV_GROUP, window, DEFAULT_KV_SINK)))
 
 
-def _quantized(state: Prefilled, bits: int, window: int) -> Prefilled:
+def held_as_file(state: Prefilled, bits: int, window: int) -> Prefilled:
+    """`state` held as a .cake file of `bits` holds it in memory once loaded (global layers quantized)."""
     return requantized(state, bits, DEFAULT_KV_GROUP, window, sink=DEFAULT_KV_SINK, in_memory=True)  # as a file
 
 
@@ -183,7 +184,7 @@ class DocumentRun:
         whole = replay(rec, None)
         full16 = file_bytes(whole, 16, window)
         for bits in bits_list:
-            state = _quantized(whole, bits, window)
+            state = held_as_file(whole, bits, window)
             self.answer("full", None, bits, state, None, file_bytes(whole, bits, window))
         self.on_step(f"{self.doc['doc_id']}: reconstruction of the document")
         repeat, target = self.reconstruction_ids()
@@ -200,7 +201,8 @@ class DocumentRun:
             for row in AGNOSTIC:
                 state, cfg = self.compressed(row, rec, probe_rec, scores, config, len(probe))
                 for bits in bits_list:
-                    self.answer(row, ratio, bits, _quantized(state, bits, window), cfg, file_bytes(state, bits, window))
+                    held, size = held_as_file(state, bits, window), file_bytes(state, bits, window)
+                    self.answer(row, ratio, bits, held, cfg, size)
         return dict(prefill_seconds=rec.seconds, reconstruction_seconds=scores.seconds, full_file_bytes=full16)
 
     def aware(self, config: CakeConfig, ratio: float, size: int) -> None:

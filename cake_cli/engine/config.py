@@ -150,26 +150,16 @@ class CakeConfig:
                 f"pooling kernel must be a positive odd number (got {self.pool_kernel})",
                 "the paper uses 5",
             )
-        if isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk < 1:
-            raise ConfigError(
-                "chunk",
-                f"chunk must be a whole number of tokens, at least 1 (got {self.chunk!r})",
-                f"ChunkKV uses {DEFAULT_CHUNK}; 1 scores token by token (the cake indicator)",
-            )
-        if isinstance(self.score_rows, bool) or not isinstance(self.score_rows, int) or self.score_rows < 0:
-            raise ConfigError(
-                "score_rows",
-                f"score_rows must be a whole number of window rows, at least 0 (got {self.score_rows!r})",
-                "0 scores with all w window rows (the paper's method)",
-            )
-        if self.rank_layer is not None and (
-            isinstance(self.rank_layer, bool) or not isinstance(self.rank_layer, int) or self.rank_layer < 0
-        ):
-            raise ConfigError(
-                "rank_layer",
-                f"rank_layer must be a layer index, at least 0 (got {self.rank_layer!r})",
-                "leave it unset for the paper's method (every layer ranks its own tokens)",
-            )
+        for field, value, least, what, hint in (
+            ("chunk", self.chunk, 1, "a whole number of tokens, at least 1",
+             f"ChunkKV uses {DEFAULT_CHUNK}; 1 scores token by token (the cake indicator)"),
+            ("score_rows", self.score_rows, 0, "a whole number of window rows, at least 0",
+             "0 scores with all w window rows (the paper's method)"),
+            ("rank_layer", 0 if self.rank_layer is None else self.rank_layer, 0, "a layer index, at least 0",
+             "leave it unset for the paper's method (every layer ranks its own tokens)"),
+        ):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(field, f"{field} must be {what} (got {value!r})", hint)
         for field, value, valid in (
             ("allocation", self.allocation, (*ALLOCATIONS, *SCORE_ALLOCATIONS)),
             ("indicator", self.indicator, INDICATORS),

@@ -13,15 +13,8 @@ from cake_cli.engine.config import CakeConfig, ConfigError
 from cake_cli.engine.generate import decode, prefill
 from cake_cli.engine.indicators import shared_ranking
 from cake_cli.engine.replay import record, replay
+from tests.helpers.models import ids_of, kept_per_layer
 from tests.helpers.oracles import check_eviction
-
-
-def prompt(n: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(seed))
-
-
-def kept(state) -> list[list[list[int]]]:
-    return [layer.positions.tolist() for layer in state.cache.layers]
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
@@ -53,26 +46,26 @@ def test_the_prefill_and_decode_match_the_masking_reference(tiny_model, rank, in
     """Slow oracle: the reference ranks the layers below R by R's heads' normalised scores (float64, pure
     Python); budgets, kept positions and every decode step's logits agree, and the kept tokens differ from
     the method without it (layers from R on keep theirs)."""
-    ids = prompt(70, seed=5)
+    ids = ids_of(70, 5)
     config = CakeConfig(budget=24, window=8, tau1=0.7, tau2=1.5, indicator=indicator, chunk=3, rank_layer=rank)
     check_eviction(tiny_model, ids, config, new=5, backend="sdpa")
     state = prefill(tiny_model, ids, config)
     plain = prefill(tiny_model, ids, replace(config, rank_layer=None))
     assert state.cascade.final_budgets == plain.cascade.final_budgets  # the allocation is unchanged
-    assert kept(state)[rank:] == kept(plain)[rank:]
-    assert kept(state)[:rank] != kept(plain)[:rank]
-    for layer in kept(state)[:rank]:
+    assert kept_per_layer(state)[rank:] == kept_per_layer(plain)[rank:]
+    assert kept_per_layer(state)[:rank] != kept_per_layer(plain)[:rank]
+    for layer in kept_per_layer(state)[:rank]:
         assert all(head == layer[0] for head in layer)  # one ranking for every KV head
 
 
 def test_a_replay_with_rank_layer_equals_the_live_prefill(tiny_model):
     use_cake_attention(tiny_model, "sdpa")
-    ids = prompt(80, seed=7)
+    ids = ids_of(80, 7)
     config = CakeConfig(budget=24, window=8, tau1=0.7, tau2=1.5, rank_layer=2)
     rec = record(tiny_model, ids, window=8)
     live = prefill(tiny_model, ids, config)
     again = replay(rec, config)
-    assert kept(again) == kept(live) and again.lengths == live.lengths
+    assert kept_per_layer(again) == kept_per_layer(live) and again.lengths == live.lengths
     assert again.cascade.final_budgets == live.cascade.final_budgets
     a = decode(tiny_model, ids, live, config, max_new_tokens=5)
     b = decode(tiny_model, ids, again, config, max_new_tokens=5)
@@ -82,7 +75,7 @@ def test_a_replay_with_rank_layer_equals_the_live_prefill(tiny_model):
 def test_the_layers_below_wait_so_the_prefill_peak_grows(tiny_model):
     """The layers below R hold the whole prompt until R has attended: a higher peak, the same kept bytes."""
     use_cake_attention(tiny_model, "sdpa")
-    ids = prompt(90, seed=2)
+    ids = ids_of(90, 2)
     config = CakeConfig(budget=24, window=8)
     plain = prefill(tiny_model, ids, config)
     ranked = prefill(tiny_model, ids, replace(config, rank_layer=3))

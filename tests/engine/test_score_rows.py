@@ -14,15 +14,8 @@ from cake_cli.engine.config import CakeConfig, ConfigError
 from cake_cli.engine.generate import decode, prefill
 from cake_cli.engine.indicators import token_scores, top_k_sorted
 from cake_cli.engine.replay import record, replay
+from tests.helpers.models import ids_of, kept_per_layer
 from tests.helpers.oracles import check_eviction
-
-
-def prompt(n: int, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(seed))
-
-
-def kept(state) -> list[list[list[int]]]:
-    return [layer.positions.tolist() for layer in state.cache.layers]
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "4"])
@@ -42,12 +35,12 @@ def test_scoring_rows_is_min_of_score_rows_and_w_and_w_for_0():
 @pytest.mark.parametrize("indicator", ["cake", "snapkv"])
 def test_all_w_rows_or_more_is_the_papers_method_exactly(tiny_model, indicator):
     use_cake_attention(tiny_model, "sdpa")
-    ids = prompt(90)
+    ids = ids_of(90, 1)
     base = CakeConfig(budget=24, window=8, tau1=0.7, tau2=1.5, indicator=indicator)
     plain = prefill(tiny_model, ids, base)
     for rows in (8, 9, 100):
         same = prefill(tiny_model, ids, replace(base, score_rows=rows))
-        assert kept(same) == kept(plain)
+        assert kept_per_layer(same) == kept_per_layer(plain)
         assert same.cascade.final_budgets == plain.cascade.final_budgets
         assert same.cascade.stats == plain.cascade.stats
 
@@ -85,7 +78,7 @@ def test_the_statistics_and_indicator_read_only_the_last_rows(rows):
 def test_the_prefill_keeps_the_masking_references_tokens_with_the_last_rows(tiny_model):
     """Slow oracle: the reference scores each column with the last r rows only; budgets, kept positions and
     every decode step's logits agree; and the kept tokens differ from the all-rows method's."""
-    ids = prompt(70, seed=3)
+    ids = ids_of(70, 3)
     config = CakeConfig(budget=24, window=8, score_rows=3)
     result, reference = check_eviction(tiny_model, ids, config, new=5, backend="sdpa")
     state = prefill(tiny_model, ids, config)
@@ -94,20 +87,21 @@ def test_the_prefill_keeps_the_masking_references_tokens_with_the_last_rows(tiny
             top = sorted(sorted(range(len(scores)), key=lambda j: (-scores[j], j))[:budget])
             assert state.cache.layers[layer].positions[head].tolist() == top + list(range(62, 70))
     plain = prefill(tiny_model, ids, replace(config, score_rows=0))
-    assert kept(plain) != kept(state)
+    assert kept_per_layer(plain) != kept_per_layer(state)
 
 
 def test_a_replay_with_score_rows_equals_the_live_prefill(tiny_model):
     use_cake_attention(tiny_model, "sdpa")
-    ids = prompt(80, seed=7)
+    ids = ids_of(80, 7)
     config = CakeConfig(budget=24, window=8, tau1=0.7, tau2=1.5, score_rows=4)
     rec = record(tiny_model, ids, window=8)
     live = prefill(tiny_model, ids, config)
     again = replay(rec, config)
-    assert kept(again) == kept(live) and again.lengths == live.lengths
+    assert kept_per_layer(again) == kept_per_layer(live) and again.lengths == live.lengths
     assert again.cascade.final_budgets == live.cascade.final_budgets
     assert again.cascade.stats == live.cascade.stats
     a = decode(tiny_model, ids, live, config, max_new_tokens=5)
     b = decode(tiny_model, ids, again, config, max_new_tokens=5)
     assert a.token_ids == b.token_ids
-    assert kept(replay(rec, replace(config, score_rows=0))) != kept(again)  # the recording replays both
+    plain = replay(rec, replace(config, score_rows=0))
+    assert kept_per_layer(plain) != kept_per_layer(again)  # the recording replays both

@@ -70,6 +70,11 @@ def ids_of(n: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
+def kept_per_layer(state) -> list[list[list[int]]]:
+    """[L][H_kv][kept] the positions each layer of a prefilled state's cache holds, per KV head."""
+    return [layer.positions.tolist() for layer in state.cache.layers]
+
+
 def cached_models(cases: dict) -> Callable[[str], object]:
     """`model(case)`: the tiny model of `cases[case]` = (arch, config overrides), built once per case
     ("llama" is `tiny_llama`, any other arch `tiny_family`)."""

@@ -35,15 +35,14 @@ from pathlib import Path
 
 import torch
 
-from cake_cli.bench.agnostic.run import DocumentRun, agnostic_document, file_bytes, held_as_file
+from cake_cli.bench.agnostic.run import DocumentRun, agnostic_document, evicted_by_scores, file_bytes, held_as_file
 from cake_cli.bench.bootstrap import paired_interval
 from cake_cli.bench.quality.run import Model
 from cake_cli.cli.bench_options import configs_for
 from cake_cli.engine.cascade import LayerStats
-from cake_cli.engine.continuation import SavedCascade, clone_cache
 from cake_cli.engine.generate import Prefilled
 from cake_cli.engine.preference import log_preference
-from cake_cli.engine.reconstruct import evict_by_scores, reconstruction_scores
+from cake_cli.engine.reconstruct import reconstruction_scores
 from cake_cli.engine.replay import record, replay
 from cake_cli.files import write_atomic
 from cake_cli.tasks.runner import load_ready, prompt_limit, stop_token_ids
@@ -65,15 +64,10 @@ def with_taus(rec, tau1: float, tau2: float):
     return replace(rec, stats=stats)
 
 
-def compressed(run: DocumentRun, rec_cache, scores, config) -> tuple[Prefilled, float]:
-    """The prefix evicted by reconstruction scores under `config`; the largest layer's share of the budget."""
-    cache = clone_cache(rec_cache)
-    budgets = evict_by_scores(cache, scores, config)
-    kv = cache.kv_bytes()
-    cascade = SavedCascade(scores.stats, budgets, budgets is not None, scores.seconds)
-    kept = [b for b in budgets or [] if b is not None]
-    share = max(kept) / sum(kept) if kept and sum(kept) else 0.0
-    return Prefilled(cache, cascade, torch.empty(0), 0.0, cache.lengths(), kv, kv), share
+def largest_share(state: Prefilled) -> float:
+    """The largest share of the evictable budget one layer holds (0 when nothing was evicted)."""
+    kept = [b for b in state.cascade.final_budgets or [] if b is not None]
+    return max(kept) / sum(kept) if kept and sum(kept) else 0.0
 
 
 def run_document(
@@ -100,7 +94,8 @@ def run_document(
         rows.append((f"reconstruct+cake@{t1:g},{t2:g}", replace(config, tau1=t1, tau2=t2), with_taus(scores, t1, t2)))
     for name, cfg, rec_scores in rows:
         status(f"{run.doc['doc_id']}: {name} at keep {ratio:.0%} (B = {budget})")
-        state, shares[name] = compressed(run, rec.cache, rec_scores, cfg)
+        state = evicted_by_scores(rec, rec_scores, cfg)
+        shares[name] = largest_share(state)
         run.answer(name, ratio, 16, state, cfg, file_bytes(state, 16, window))
     for row in run.rows:
         row["max_layer_share"] = shares.get(row["row"])

@@ -114,6 +114,16 @@ def held_as_file(state: Prefilled, bits: int, window: int) -> Prefilled:
     return requantized(state, bits, DEFAULT_KV_GROUP, window, sink=DEFAULT_KV_SINK, in_memory=True)  # as a file
 
 
+def evicted_by_scores(rec, scores, config: CakeConfig) -> Prefilled:
+    """A copy of the recorded prefix `rec` (`engine.replay.Recording`) evicted by reconstruction `scores` under
+    `config`'s allocation (`engine.reconstruct.evict_by_scores`), as a compressed file would hold it."""
+    cache = clone_cache(rec.cache)
+    budgets = evict_by_scores(cache, scores, config)
+    cascade = SavedCascade(scores.stats, budgets, budgets is not None, scores.seconds)
+    kv = cache.kv_bytes()
+    return Prefilled(cache, cascade, rec.logits, rec.seconds, cache.lengths(), kv, kv)
+
+
 class FirstToken:
     """An `on_token` callback that records the seconds from `began` to the first token (None before it)."""
 
@@ -218,11 +228,7 @@ class DocumentRun:
         """The prefix compressed for one agnostic row at `config`'s budget, and the settings it decodes with."""
         if row in _ALLOCATION:
             cfg = replace(config, allocation=_ALLOCATION[row], indicator="cake")
-            cache = clone_cache(rec.cache)
-            budgets = evict_by_scores(cache, scores, cfg)
-            cascade = SavedCascade(scores.stats, budgets, budgets is not None, scores.seconds)
-            kv = cache.kv_bytes()
-            return Prefilled(cache, cascade, rec.logits, rec.seconds, cache.lengths(), kv, kv), cfg
+            return evicted_by_scores(rec, scores, cfg), cfg
         cfg = with_method(config, _METHOD[row])
         if row.startswith("instruction"):
             return without_probe(replay(probe_rec, probe_config(cfg, probe_len)), self.n), cfg

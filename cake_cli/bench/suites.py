@@ -178,6 +178,24 @@ def chunk_variant(name: str) -> Variant:
     return Variant(name, *resolve("cake-chunk"), chunk=int(size))
 
 
+def budgeted_variant(name: str, base: str, what: str, suffix: str) -> Variant:
+    """The Variant named `name` of method `base` (a budgeted METHODS name or `cake-chunk:N`), for a `NAME@...`
+    form that needs a budget.
+
+    Raises:
+        UsageError: `base` is not a method with a budget ("'{name}': {what}, and '{base}' is not one", with every
+            budgeted method followed by `suffix` as the hint).
+    """
+    if base.startswith(CHUNK_SIZED):
+        return replace(chunk_variant(base), name=name)
+    if base not in METHODS or METHODS[base] is None:
+        budgeted = [m for m, pair in METHODS.items() if pair is not None]
+        raise UsageError(
+            f"'{name}': {what}, and '{base}' is not one", f"write one of {', '.join(m + suffix for m in budgeted)}"
+        )
+    return Variant(name, *resolve(base))
+
+
 def ranked_variant(name: str) -> Variant:
     """`NAME@rank:L` as a Variant: method NAME (a budgeted METHODS name or `cake-chunk:N`) with every layer below
     L keeping the tokens layer L's indicator ranks highest (`CakeConfig.rank_layer`; a layer past the model's is
@@ -189,15 +207,8 @@ def ranked_variant(name: str) -> Variant:
     base, _, layer = name.partition(RANKED)
     if not layer.isdigit():
         raise UsageError(f"'{name}': the ranking layer must be a whole number", f"write {base}{RANKED}9")
-    if base.startswith(CHUNK_SIZED):
-        return replace(chunk_variant(base), name=name, rank_layer=int(layer))
-    if base not in METHODS or METHODS[base] is None:
-        budgeted = [m for m, pair in METHODS.items() if pair is not None]
-        raise UsageError(
-            f"'{name}': {RANKED}L ranks a method with a budget, and '{base}' is not one",
-            f"write one of {', '.join(m + RANKED + '9' for m in budgeted)}",
-        )
-    return Variant(name, *resolve(base), rank_layer=int(layer))
+    what = f"{RANKED}L ranks a method with a budget"
+    return replace(budgeted_variant(name, base, what, RANKED + "9"), rank_layer=int(layer))
 
 
 def selected_variant(name: str) -> Variant:
@@ -213,15 +224,8 @@ def selected_variant(name: str) -> Variant:
     if layer and (not layer.startswith(":") or not layer[1:].isdigit()):
         raise UsageError(f"'{name}': the selection layer must be a whole number", f"write {base}{SELECTED}:9")
     at = int(layer[1:]) if layer else None
-    if base.startswith(CHUNK_SIZED):
-        return replace(chunk_variant(base), name=name, select=True, select_layer=at)
-    if base not in METHODS or METHODS[base] is None:
-        budgeted = [m for m, pair in METHODS.items() if pair is not None]
-        raise UsageError(
-            f"'{name}': {SELECTED} runs a method with a budget on the selected prompt, and '{base}' is not one",
-            f"write one of {', '.join(m + SELECTED for m in budgeted)}",
-        )
-    return Variant(name, *resolve(base), select=True, select_layer=at)
+    what = f"{SELECTED} runs a method with a budget on the selected prompt"
+    return replace(budgeted_variant(name, base, what, SELECTED), select=True, select_layer=at)
 
 
 def parse_variants(methods: str, pairings: str = "") -> list[Variant]:

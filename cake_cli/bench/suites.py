@@ -8,6 +8,7 @@ SnapKV's indicator. `full` (no eviction) is run once per case and shown at every
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from cake_cli.bench.genre_cases import GenreSuite, genre_case_id
@@ -15,8 +16,8 @@ from cake_cli.bench.needles import NEEDLE_TASKS
 from cake_cli.bench.scoring import REAL_WEIGHTS
 from cake_cli.bench.splits import case_id, check_split
 from cake_cli.engine.allocation import ALLOCATIONS, SCORE_ALLOCATIONS
-from cake_cli.engine.config import ConfigError
-from cake_cli.engine.indicators import INDICATORS
+from cake_cli.engine.config import POOL_KINDS, ConfigError
+from cake_cli.engine.indicators import INDICATORS, PROFILE_POOLED
 from cake_cli.engine.methods import BEYOND_PAPER, METHODS, QUESTION_METHODS, resolve
 from cake_cli.errors import UsageError, unknown_name
 from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
@@ -161,6 +162,8 @@ class Variant:
 CHUNK_SIZED = "cake-chunk:"  # `--methods cake-chunk:N`: cake-chunk with chunks of N tokens (the chunk-size search)
 SELECTED = "@select"  # `--methods NAME@select[:L]`: NAME on the prompt `cake qa --prefill select` reads (real suite)
 RANKED = "@rank:"  # `--methods NAME@rank:L`: the layers below L keep layer L's ranking (CakeConfig.rank_layer)
+TAUED = "@tau:"  # `--methods NAME@tau:T1/T2`: NAME with the temperatures (tau1, tau2) instead of the profile's
+POOLED = "@pool:"  # `--methods NAME@pool:avg5`: NAME with that pooling (kind and kernel) instead of the profile's
 
 
 def chunk_variant(name: str) -> Variant:
@@ -196,36 +199,83 @@ def budgeted_variant(name: str, base: str, what: str, suffix: str) -> Variant:
     return Variant(name, *resolve(base))
 
 
-def ranked_variant(name: str) -> Variant:
-    """`NAME@rank:L` as a Variant: method NAME (a budgeted METHODS name or `cake-chunk:N`) with every layer below
-    L keeping the tokens layer L's indicator ranks highest (`CakeConfig.rank_layer`; a layer past the model's is
-    refused when the model is loaded).
-
-    Raises:
-        UsageError: NAME is not a method with a budget, or L is not a whole number.
-    """
-    base, _, layer = name.partition(RANKED)
+def _rank(name: str, variant: Variant, layer: str) -> Variant:
     if not layer.isdigit():
-        raise UsageError(f"'{name}': the ranking layer must be a whole number", f"write {base}{RANKED}9")
-    what = f"{RANKED}L ranks a method with a budget"
-    return replace(budgeted_variant(name, base, what, RANKED + "9"), rank_layer=int(layer))
+        raise UsageError(f"'{name}': the ranking layer must be a whole number", f"write {variant.name}{RANKED}9")
+    return replace(variant, rank_layer=int(layer))
 
 
-def selected_variant(name: str) -> Variant:
-    """`NAME@select` or `NAME@select:L` as a Variant: method NAME (a budgeted METHODS name or
-    `cake-chunk:N`) run on the tokens `cake qa --prefill select` (with `--select-layer L`) keeps
-    (`bench.quality.selected`).
+def _select(name: str, variant: Variant, layer: str) -> Variant:
+    if layer and (not layer.startswith(":") or not layer[1:].isdigit()):
+        raise UsageError(f"'{name}': the selection layer must be a whole number", f"write {variant.name}{SELECTED}:9")
+    return replace(variant, select=True, select_layer=int(layer[1:]) if layer else None)
+
+
+def _tau(name: str, variant: Variant, text: str) -> Variant:
+    t1, slash, t2 = text.partition("/")
+    try:
+        taus = (float(t1), float(t2))
+    except ValueError:
+        taus = (0.0, 0.0)
+    if not ALLOCATIONS[variant.allocation].uses_stats:
+        raise UsageError(
+            f"'{name}': {variant.allocation} budgets read no temperatures", f"write cake-chunk{TAUED}{text}"
+        )
+    if not slash or min(taus) <= 0 or not all(map(math.isfinite, taus)):
+        raise UsageError(
+            f"'{name}': the temperatures must be two positive numbers T1/T2", f"write {variant.name}{TAUED}1/1"
+        )
+    return replace(variant, taus=taus)
+
+
+def _pool(name: str, variant: Variant, text: str) -> Variant:
+    if variant.indicator not in PROFILE_POOLED:
+        raise UsageError(
+            f"'{name}': the {variant.indicator} indicator has its own pooling", f"write cake-chunk{POOLED}{text}"
+        )
+    kind = text.rstrip("0123456789")
+    kernel = text[len(kind) :]
+    if kind not in POOL_KINDS or not kernel or int(kernel) % 2 == 0:
+        raise UsageError(
+            f"'{name}': the pooling must be a kind ({', '.join(POOL_KINDS)}) and an odd kernel",
+            f"write {variant.name}{POOLED}avg5",
+        )
+    return replace(variant, pooling=(kind, int(kernel)))
+
+
+# `NAME@SETTING...`: marker -> (what it does to NAME, a short example for the hint, how it is read)
+SETTINGS = {
+    RANKED: ("ranks a method with a budget", "9", _rank),
+    SELECTED: ("runs a method with a budget on the selected prompt", "", _select),
+    TAUED: ("sets the temperatures of a method with a budget", "1/1", _tau),
+    POOLED: ("sets the pooling of a method with a budget", "avg5", _pool),
+}
+
+
+def set_variant(name: str) -> Variant:
+    """`NAME@SETTING[@SETTING...]` as a Variant: method NAME (a budgeted METHODS name or `cake-chunk:N`) with
+    each setting applied in turn: `@rank:L` (every layer below L keeps the tokens layer L's indicator ranks
+    highest, `CakeConfig.rank_layer`), `@select[:L]` (NAME on the tokens `cake qa --prefill select` keeps,
+    `bench.quality.selected`), `@tau:T1/T2` (CAKE's temperatures, Eq. 7, instead of the profile's), `@pool:KINDK`
+    (the indicator's pooling along tokens, docs/method.md §Pooling, instead of the profile's). A layer past the
+    model's is refused when the model is loaded.
 
     Raises:
-        UsageError: NAME is not a method with a budget (the selection keeps a multiple of the budget),
-            or L is not a whole number (a layer past the model's is refused when the model is loaded).
+        UsageError: an unknown setting, NAME not a method with a budget, or a setting's value malformed
+            (a layer not a whole number, temperatures not two positive numbers, a pooling not avg/max with an odd
+            kernel).
     """
-    base, _, layer = name.partition(SELECTED)
-    if layer and (not layer.startswith(":") or not layer[1:].isdigit()):
-        raise UsageError(f"'{name}': the selection layer must be a whole number", f"write {base}{SELECTED}:9")
-    at = int(layer[1:]) if layer else None
-    what = f"{SELECTED} runs a method with a budget on the selected prompt"
-    return replace(budgeted_variant(name, base, what, SELECTED), select=True, select_layer=at)
+    base, *settings = name.split("@")
+    marks = [next((m for m in SETTINGS if ("@" + s).startswith(m)), None) for s in settings]
+    if None in marks:
+        bad = settings[marks.index(None)]
+        forms = ", ".join(f"{base}{m}{example}" for m, (_, example, _) in SETTINGS.items())
+        raise UsageError(f"'{name}': unknown setting '@{bad}'", f"write one of {forms}")
+    what, example, _ = SETTINGS[marks[0]]
+    variant = replace(budgeted_variant(name, base, f"{marks[0].rstrip(':')} {what}", marks[0] + example), name=base)
+    for mark, setting in zip(marks, settings):
+        variant = SETTINGS[mark][2](name, variant, ("@" + setting)[len(mark) :])
+    return replace(variant, name=name)
 
 
 def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
@@ -239,11 +289,8 @@ def parse_variants(methods: str, pairings: str = "") -> list[Variant]:
         for name in (m.strip() for m in text.split(",")):
             if not name:
                 continue
-            if option == "--methods" and RANKED in name:
-                out.append(ranked_variant(name))
-                continue
-            if option == "--methods" and SELECTED in name:
-                out.append(selected_variant(name))
+            if option == "--methods" and "@" in name:
+                out.append(set_variant(name))
                 continue
             if option == "--methods" and name in QUESTION_METHODS:
                 out.append(Variant(name, *resolve(QUESTION_METHODS[name]), question_window=True))
@@ -301,6 +348,7 @@ class CaseResult:
     survival: list | None = None  # --diagnose survival: [L][F] share of each fact's tokens kept (`bench.survival`)
     kept: list | None = None  # --diagnose survival, real suite: [L] tokens each layer kept per KV head
     check: float | None = None  # real suite, --abstain checked: P(yes); doubt: P(abstaining) (`tasks.answers.check`)
+    sections: list | None = None  # real suite, --long sections: [[reply, support status] of each section]
 
     @property
     def key(self) -> tuple:

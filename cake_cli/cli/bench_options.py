@@ -32,7 +32,9 @@ Methods = Annotated[
         help=f"Comma-separated methods: {', '.join([*METHODS, *QUESTION_METHODS])} (cake-qwin: --suite real only); "
         "cake-chunk:N runs cake-chunk with chunks of N tokens (the profile's size otherwise); NAME@select runs "
         "NAME on the tokens cake qa --prefill select keeps (--suite real only); NAME@rank:L runs NAME with every layer "
-        "below L keeping the tokens layer L ranks highest (not the paper's method).",
+        "below L keeping the tokens layer L ranks highest (not the paper's method); NAME@tau:T1/T2 and NAME@pool:avg5 "
+        "run NAME with those temperatures or that pooling instead of the profile's (settings chain: "
+        "cake-chunk@tau:1/1@pool:avg5).",
     ),
 ]
 Pairings = Annotated[

@@ -255,11 +255,16 @@ def chunk_means(scores: torch.Tensor, positions: torch.Tensor | None, chunk: int
     return (sums / counts.clamp(min=1)).gather(0, dense).view(num_kv, m)  # [H_kv, m]
 
 
+PROFILE_POOLED = ("cake", "chunk")  # the indicators smoothed with the profile's pooling
+
+
 def pooling(kind: str, pool: tuple[str, int]) -> tuple[str, int]:
     """The (kind, kernel) smoothing `token_scores` applies to indicator `kind`: CAKE's profile
     setting `pool` (also for `chunk`, CAKE's score before its chunk means), SnapKV's own (max, 7), none
     (kernel 1) for the others (docs/method.md §Pooling)."""
-    return {"cake": pool, "chunk": pool, "snapkv": SNAPKV_POOL}.get(kind, ("avg", 1))
+    if kind in PROFILE_POOLED:
+        return pool
+    return SNAPKV_POOL if kind == "snapkv" else ("avg", 1)
 
 
 def accumulates(indicator: str | None) -> bool:

@@ -2,8 +2,8 @@
 
 The middle cut (the default) keeps the head and tail of a too-long document and warns what it
 left out. With ``--long sections`` nothing is left out: the document is split into consecutive
-sections that each fit the prompt with the task's template and question (`split_sections`, at a
-paragraph or sentence boundary near each section's token limit), and each section is prefilled
+sections of about equal length that each fit the prompt with the task's template and question
+(`split_sections`, at a paragraph or sentence boundary near each section's share), and each section is prefilled
 (and compressed by CAKE to the budget) on its own:
 
 - summarize: each section is summarized, then the section summaries, headed by their pages or
@@ -36,8 +36,11 @@ _BREAKS = ("\n\n", ". ", "\n", " ")  # preferred section ends, best first
 
 def split_sections(tokenizer, text: str, room: int) -> list[tuple[int, int]]:
     """Consecutive (start, end) character spans of `text`, each at most `room` tokens, together the
-    whole text; each ends at the last paragraph break (else sentence end, line break, space) in its
-    final quarter, else exactly at its token limit.
+    whole text, as few as fit (k = ceil(tokens / room)) and of about equal length: each section aims
+    at an equal share of the tokens still left, and ends at the last paragraph break (else sentence end,
+    line break, space) in the final quarter of that share (never so early that the rest would need
+    another section), else exactly at the share. Equal sections, not a full one and a remainder, because
+    a small model answers worse the longer its prompt (benchmarks/real.md, `--long sections`).
 
     Raises:
         ValueError: `room` below 1.
@@ -54,12 +57,15 @@ def split_sections(tokenizer, text: str, room: int) -> list[tuple[int, int]]:
         spans = [(int(i * per), int((i + 1) * per)) for i in range(len(ids))]
     out, first, start = [], 0, 0
     while first < len(spans):
-        last = first + room  # one past the section's last token
-        if last >= len(spans):
+        left = len(spans) - first
+        if left <= room:
             out.append((start, len(text)))
             break
+        sections = -(-left // room)  # the fewest that hold what is left
+        last = first + -(-left // sections)  # one past the section's last token: an equal share
         limit = spans[last - 1][1]
-        floor = start + int((limit - start) * (1 - BOUNDARY_SHARE))
+        earliest = spans[len(spans) - (sections - 1) * room][0]  # an earlier end leaves too much for the rest
+        floor = max(start + int((limit - start) * (1 - BOUNDARY_SHARE)), earliest)
         cut = next((i + len(mark) for mark in _BREAKS if (i := text.rfind(mark, floor, limit)) > start), limit)
         out.append((start, cut))
         start = cut

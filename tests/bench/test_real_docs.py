@@ -284,11 +284,13 @@ def test_with_sections_the_first_located_section_answers(heapq_doc):
     replies = ["Answer: not in the document", f'Answer: Kevin O\'Connor\nPassage: "{quote}"']
     row = _row(case, cake, 256, None, replies, 1.0, 0.5)
     assert (row.exact, row.support, row.prediction) == (1.0, "located", replies[1]) and row.prompt_tokens == 2
+    assert row.sections == [[replies[0], "abstained"], [replies[1], "located"]]  # every section's reply, kept
     # the same quote from the wrong section is not found there: unsupported (scored on its content all the same)
     swapped = _row(case, cake, 256, None, replies[::-1], 1.0, 0.5)
     assert (swapped.exact, swapped.support) == (1.0, "unsupported")
     silent = _row(case, cake, 256, None, ["not in the document"] * 2, 1.0, 0.5)
     assert (silent.exact, silent.support) == (0.0, "abstained")
+    assert _row(replace(case, sections=()), cake, 256, None, replies[1], 1.0, 0.5).sections is None
 
 
 def test_quick_picks_one_answerable_and_one_unanswerable(heapq_doc):

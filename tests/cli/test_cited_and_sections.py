@@ -258,6 +258,21 @@ def test_split_sections_covers_the_text_at_boundaries(tokenizer):
         split_sections(tokenizer, text, 0)
 
 
+@pytest.mark.parametrize("room", [700, 900, 1300, 2500])
+def test_sections_are_as_few_as_fit_and_about_equal(tokenizer, room):
+    """Not a full section and a remainder: ceil(tokens / room) sections, each a share of the tokens within the
+    quarter its boundary may move, so none is below half an equal share (the old split left a last section of
+    whatever remained)."""
+    text = license_text()[:9000]
+    count = lambda a, b: len(tokenizer(text[a:b], add_special_tokens=False)["input_ids"])  # noqa: E731
+    n = count(0, len(text))
+    spans = split_sections(tokenizer, text, room)
+    sizes = [count(a, b) for a, b in spans]
+    assert len(spans) == -(-n // room) and max(sizes) <= room + 2
+    assert min(sizes) >= 0.5 * n / len(spans), sizes
+    assert "".join(text[a:b] for a, b in spans) == text
+
+
 def test_qa_sections_keep_the_answer_whose_passage_is_found(long_doc, forced):
     forced(f'Answer: Richard Stallman\nPassage: "{STALLMAN}"')
     result = invoke("qa", long_doc, "Who said 1.6.1 is not GPL-compatible?", *TINY, "--long", "sections", "--json")

@@ -374,23 +374,24 @@ def common_prefix(prompts: list[tuple[int, ...]]) -> int:
     return max(n, 0)
 
 
-def _support(case: RealCase, replies: list[str]) -> tuple[str, Support]:
+def _support(case: RealCase, replies: list[str]) -> tuple[str, Support, list | None]:
     """The reply that answers and its support: the one reply (middle cut), or with sections the
     first section reply whose passage is found in its section (all abstaining: an abstention; else
-    the first unsupported one)."""
+    the first unsupported one), with every section's [reply, support status] (None without sections)."""
     doc = case.document
     text, page_of = doc.doc.text, partial(page_of_offset, doc.doc)
     ask = dict(query=case.question.question, page_of=page_of, length=len(text))
     if not case.sections:
-        return replies[0], find_support(replies[0], text, unread=case.dropped, **ask)[1]
+        return replies[0], find_support(replies[0], text, unread=case.dropped, **ask)[1], None
     found = []
     for (start, end), reply in zip(case.sections, replies):
         found.append((reply, find_support(reply, text[start:end], offset=start, **ask)[1]))
+    each = [[reply, support.status] for reply, support in found]
     for status in (LOCATED, UNSUPPORTED):
         hit = next(((r, s) for r, s in found if s.status == status), None)
         if hit:
-            return hit
-    return found[0]
+            return *hit, each
+    return *found[0], each
 
 
 def _row(
@@ -402,7 +403,7 @@ def _row(
     and `check` (the check pass's P(yes), `--abstain checked`, or the abstention probability,
     `--abstain doubt`, set against `threshold`: the model profile's, None for the mode's own), which the row
     keeps."""
-    text, support = _support(case, [replies] if isinstance(replies, str) else list(replies))
+    text, support, sections = _support(case, [replies] if isinstance(replies, str) else list(replies))
     support = decide(support, abstain, case.document.doc.text, case.question.question, check, threshold)
     abstained = counts_as_abstention(support)
     score, exact = real_scores(support.answer, abstained, case.answers)
@@ -426,4 +427,5 @@ def _row(
         abstained=abstained,
         support=support.status,
         check=None if check is None else round(check, 6),
+        sections=sections,
     )

@@ -484,7 +484,8 @@ def fmt_score(x: float | None) -> str:
 
 
 def rows_as_dicts(rows) -> list[dict]:
-    """CaseResult objects as plain dicts (the JSON row format); the genre suite's `genre` and the
-    survival diagnostic's `survival` and `kept` only where set, so other suites' rows keep their old keys."""
-    optional = ("genre", "survival", "kept")
+    """CaseResult objects as plain dicts (the JSON row format); the genre suite's `genre`, the survival
+    diagnostic's `survival` and `kept`, and `--long sections`' `sections` only where set, so other suites'
+    rows keep their old keys."""
+    optional = ("genre", "survival", "kept", "sections")
     return [{k: v for k, v in asdict(r).items() if v is not None or k not in optional} for r in rows]

@@ -34,7 +34,7 @@ from cake_cli.bench.real_docs import (
     text_sha256,
 )
 from cake_cli.bench.scoring import normalize_answer, real_scores
-from cake_cli.bench.suites import REAL_TASKS, Variant
+from cake_cli.bench.suites import REAL_TASKS, RealSuite, Variant
 from cake_cli.cli.bench_options import real_suite_from
 from cake_cli.cli.main import app
 from cake_cli.engine.replay import prefix_cache
@@ -291,6 +291,18 @@ def test_with_sections_the_first_located_section_answers(heapq_doc):
     silent = _row(case, cake, 256, None, ["not in the document"] * 2, 1.0, 0.5)
     assert (silent.exact, silent.support) == (0.0, "abstained")
     assert _row(replace(case, sections=()), cake, 256, None, replies[1], 1.0, 0.5).sections is None
+
+
+def test_the_step_count_counts_each_section(heapq_doc):
+    """With --long sections each section is a prefill and its replays: heapq's 6,142 tokens (the set's count)
+    make 2 sections of a 4,096-token context, 1 of an 8,192-token one (what `split_sections` cuts for the
+    default model, whose tokenizer the set counts with)."""
+    cells = [Variant("full", None, None), Variant("cake", "cake", "cake")]
+    n = len(heapq_doc.questions)
+    for long, length, parts in (("sections", 4096, 2), ("sections", 8192, 1), ("middle", 4096, 1)):
+        suite = RealSuite(lengths=(length,), long=long)
+        assert real.prompts_per_question(heapq_doc, length, long) == parts
+        assert real.count_steps([heapq_doc], suite, cells, [64, 256], set()) == (n * parts, n * parts * 3)
 
 
 def test_quick_picks_one_answerable_and_one_unanswerable(heapq_doc):

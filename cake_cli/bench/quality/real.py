@@ -156,10 +156,25 @@ def pending(
 
 
 def count_steps(documents, suite: RealSuite, variants, budgets, done) -> tuple[int, int]:
-    """(prefills, replays) still to run: for the progress bar and its ETA (with sections: an estimate,
-    one prefill per case)."""
+    """(prefills, replays) still to run: for the progress bar and its ETA (with sections, each section is
+    one prefill and its replays: `prompts_per_question`, an estimate)."""
     todo = pending(documents, suite, variants, budgets, done)
-    return len(todo), sum(len(cells) + selection_steps(cells) for *_, cells in todo)
+    parts = [prompts_per_question(doc, length, suite.long) for doc, _, length, _ in todo]
+    replays = sum(n * (len(cells) + selection_steps(cells)) for n, (*_, cells) in zip(parts, todo))
+    return sum(parts), replays
+
+
+SECTION_OVERHEAD = 160  # tokens of a section's prompt that are not the document (template, question, SLACK)
+
+
+def prompts_per_question(doc: OpenDocument, length: int, long: str) -> int:
+    """How many prompts a question of `doc` takes at context `length`: 1, or with `--long sections` its
+    sections, estimated from the set's token count before the model (and its tokenizer) is loaded:
+    ceil(tokens / (length - SECTION_OVERHEAD)), what `split_sections` cuts for the default model."""
+    tokens = doc.spec.tokens
+    if long != SECTIONS or tokens <= length - SECTION_OVERHEAD:
+        return 1
+    return -(-tokens // max(length - SECTION_OVERHEAD, 1))
 
 
 def selection_steps(cells: list) -> int:

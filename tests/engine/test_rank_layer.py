@@ -10,11 +10,10 @@ import torch
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.cascade import CascadePrefill
 from cake_cli.engine.config import CakeConfig, ConfigError
-from cake_cli.engine.generate import decode, prefill
+from cake_cli.engine.generate import prefill
 from cake_cli.engine.indicators import shared_ranking
-from cake_cli.engine.replay import record, replay
 from tests.helpers.models import ids_of, kept_per_layer
-from tests.helpers.oracles import check_eviction
+from tests.helpers.oracles import check_eviction, check_replay
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
@@ -62,14 +61,7 @@ def test_a_replay_with_rank_layer_equals_the_live_prefill(tiny_model):
     use_cake_attention(tiny_model, "sdpa")
     ids = ids_of(80, 7)
     config = CakeConfig(budget=24, window=8, tau1=0.7, tau2=1.5, rank_layer=2)
-    rec = record(tiny_model, ids, window=8)
-    live = prefill(tiny_model, ids, config)
-    again = replay(rec, config)
-    assert kept_per_layer(again) == kept_per_layer(live) and again.lengths == live.lengths
-    assert again.cascade.final_budgets == live.cascade.final_budgets
-    a = decode(tiny_model, ids, live, config, max_new_tokens=5)
-    b = decode(tiny_model, ids, again, config, max_new_tokens=5)
-    assert a.token_ids == b.token_ids
+    check_replay(tiny_model, ids, config)
 
 
 def test_the_layers_below_wait_so_the_prefill_peak_grows(tiny_model):

@@ -3,7 +3,8 @@
 - no eviction (budget >= prompt + answer) = plain transformers generation with the model's own
   attention and cache;
 - eviction = the masking reference (`tests.helpers.reference.MaskedReference`) at every decode step, and
-  the comparison can fail (the full cache gives other logits).
+  the comparison can fail (the full cache gives other logits);
+- a replay of one recording = the live prefill of the same config (`check_replay`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import torch
 
 from cake_cli.engine.attention import use_cake_attention
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.generate import GenerationResult, generate
+from cake_cli.engine.generate import GenerationResult, decode, generate, prefill
+from cake_cli.engine.replay import record, replay
+from tests.helpers.models import kept_per_layer
 from tests.helpers.reference import MaskedReference
 
 
@@ -61,3 +64,23 @@ def check_eviction(
     generate(model, ids, None, max_new_tokens=new, forced_tokens=list(result.token_ids), step_logits=full_logits)
     assert max(float((a - b).abs().max()) for a, b in zip(full_logits[1:], engine_logits[1:])) > 1e-3
     return result, reference
+
+
+def check_replay(model, ids: torch.Tensor, config: CakeConfig, new: int = 5) -> tuple:
+    """A replay of `model`'s recording of `ids` (window `config.window`) under `config` = the live prefill: the
+    same tokens kept per layer and KV head, lengths, final budgets and layer statistics, and the same `new` greedy
+    tokens decoded from each. The model's attention must already be switched (`use_cake_attention`).
+
+    Returns:
+        (the recording, its replay under `config`), for a test that replays it again.
+    """
+    rec = record(model, ids, window=config.window)
+    live = prefill(model, ids, config)
+    again = replay(rec, config)
+    assert kept_per_layer(again) == kept_per_layer(live) and again.lengths == live.lengths
+    assert again.cascade.final_budgets == live.cascade.final_budgets
+    assert again.cascade.stats == live.cascade.stats
+    a = decode(model, ids, live, config, max_new_tokens=new)
+    b = decode(model, ids, again, config, max_new_tokens=new)
+    assert a.token_ids == b.token_ids
+    return rec, again

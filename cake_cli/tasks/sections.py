@@ -39,8 +39,9 @@ def split_sections(tokenizer, text: str, room: int) -> list[tuple[int, int]]:
     whole text, as few as fit (k = ceil(tokens / room)) and of about equal length: each section aims
     at an equal share of the tokens still left, and ends at the last paragraph break (else sentence end,
     line break, space) in the final quarter of that share (never so early that the rest would need
-    another section), else exactly at the share. Equal sections, not a full one and a remainder, because
-    a small model answers worse the longer its prompt (benchmarks/real.md, `--long sections`).
+    another section), else exactly at the share. Equal sections, not a full one and a short remainder: the
+    longest section, whose prefill's attention costs the most, is as short as the count allows (on the Debian
+    FAQ it answered as many questions as the uneven split, benchmarks/real.md).
 
     Raises:
         ValueError: `room` below 1.

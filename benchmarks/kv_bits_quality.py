@@ -3,9 +3,11 @@
 The protocol of `cake compress` (default `--scoring question`) then `cake qa FILE.cake Q`: each document's
 prompt prefix (the `qa` template up to the question) is prefilled once with no question and kept whole; at each
 bit width it is held as a .cake file of those bits holds it in memory (`tasks.saved.store.held_quantized`'s
-layout: `DEFAULT_KV_GROUP`, the window's w tokens and the first `DEFAULT_KV_SINK` tokens exact, global layers
-quantized, `engine.kvmemory`); every question is then asked from that one cache, its CAKE eviction run with the
-question in the window at budget B (`continuation.continue_and_decode(evict=True)`), and scored as
+layout: keys in groups of `DEFAULT_KV_GROUP` tokens, values Hadamard-rotated in groups of `DEFAULT_KV_VALUE_GROUP`
+channels (format 6), the window's w tokens and the first `DEFAULT_KV_SINK` tokens exact, global layers
+quantized, `engine.kvmemory`; a layout's fourth field `vG` holds values unrotated in groups of G channels,
+format 5's `v32`, and `rG` rotated in groups of G); every question is then asked from that one cache, its CAKE
+eviction run with the question in the window at budget B (`continuation.continue_and_decode(evict=True)`), and scored as
 `cake bench quality --suite real` scores it (`bench.quality.real`). File bytes are those of the .cake's tensors.
 
 `--genres` adds the multi-genre suite's cases (`bench.genre_cases`: invented facts planted in real text) to the
@@ -50,8 +52,9 @@ from cake_cli.bench.real_docs import load_set, open_documents
 from cake_cli.bench.scoring import ABSTAIN_TASKS, exact_answer, score_answer
 from cake_cli.bench.suites import REAL_TASKS, REAL_TEMPLATE, TEMPLATES, CaseResult
 from cake_cli.cli.bench_options import configs_for
-from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK
-from cake_cli.engine.continuation import cache_tensors, continue_and_decode, quantized_in_memory
+from cake_cli.engine.cachefile import cache_tensors, quantized_in_memory
+from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK, DEFAULT_KV_VALUE_GROUP
+from cake_cli.engine.continuation import continue_and_decode
 from cake_cli.engine.replay import record, replay
 from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
 from cake_cli.tasks.runner import load_ready, prompt_limit, stop_token_ids
@@ -84,8 +87,9 @@ def main() -> None:
     parser.add_argument(
         "--layouts",
         default="16,4,2",
-        help="comma-separated BITS[/SINK[/RECENT]] (defaults: the file's sink and the window); the first is the "
-        "reference of the paired comparison",
+        help="comma-separated BITS[/SINK[/RECENT[/VALUES]]] (defaults: the file's sink, the window, and r64: values "
+        "rotated in groups of 64 channels; v32: unrotated in groups of 32, format 5); the first is the reference of "
+        "the paired comparison",
     )
     parser.add_argument("--budgets", default="256", help="B, tokens per layer at question time, comma-separated")
     parser.add_argument("--method", default=None, help="question-time eviction method (default: the profile's)")
@@ -118,13 +122,17 @@ def run(args) -> None:
     documents, missing = open_documents(load_set(), wanted) if wanted else ([], [])  # none named: none, not all
     if missing:
         raise SystemExit(f"error: documents not installed: {', '.join(missing)}")
+    shipped = f"r{DEFAULT_KV_VALUE_GROUP}"
     layouts = [
-        (int(x[0]), int(x[1]) if len(x) > 1 else DEFAULT_KV_SINK, int(x[2]) if len(x) > 2 else window) for x in layouts
-    ]  # (bits, sink, recent)
-    names = [f"{b}" + ("" if (s, r) == (DEFAULT_KV_SINK, window) else f"/{s}/{r}") for b, s, r in layouts]
+        (int(x[0]), int(x[1]) if len(x) > 1 else DEFAULT_KV_SINK, int(x[2]) if len(x) > 2 else window,
+         x[3] if len(x) > 3 else shipped) for x in layouts
+    ]  # (bits, sink, recent, values)  # fmt: skip
+    names = [
+        f"{b}" + ("" if (s, r, v) == (DEFAULT_KV_SINK, window, shipped) else f"/{s}/{r}/{v}") for b, s, r, v in layouts
+    ]
     method = configs[budgets[0]].indicator
     meta = dict(model=lm.name, dtype=str(lm.dtype), budgets=budgets, window=window, group=DEFAULT_KV_GROUP,
-                layouts=names, threads=args.threads, method=args.method, indicator=method)  # fmt: skip
+                values=shipped, layouts=names, threads=args.threads, method=args.method, indicator=method)  # fmt: skip
     genres = GenreSuite(tuple(args.genre_tasks.split(",")), tuple(g for g in args.genres.split(",") if g),
                         (args.genre_length,), tuple(float(d) for d in args.genre_depths.split(",")),
                         args.genre_repeats, args.seed)  # fmt: skip
@@ -149,11 +157,13 @@ def run(args) -> None:
         began = time.perf_counter()
         whole = replay(record(model.model, torch.tensor([list(asked[0].ids[:n])]), window, accumulate=False), None)
         print(f"{source}: {n}-token prefix prefilled in {time.perf_counter() - began:.1f} s", flush=True)
-        for name, (bits, sink, recent) in zip(names, layouts):
+        for name, (bits, sink, recent, values) in zip(names, layouts):
             if not any(t[1] == name for t in todo):
                 continue
-            state = whole if bits == 16 else quantized_in_memory(whole, bits, DEFAULT_KV_GROUP, recent, sink)
-            size = len(save_tensors(cache_tensors(whole.cache, bits, DEFAULT_KV_GROUP, recent, sink)))
+            coding = dict(value_group=int(values[1:]), rotated=values[0] == "r")
+            held = (bits, DEFAULT_KV_GROUP, recent, sink)
+            state = whole if bits == 16 else quantized_in_memory(whole, *held, **coding)
+            size = len(save_tensors(cache_tensors(whole.cache, *held, **coding)))
             files[f"{source}/{name}"] = size
             for a, _, budget in [t for t in todo if t[1] == name]:
                 config = configs[budget]
@@ -163,7 +173,7 @@ def run(args) -> None:
                 text = lm.tokenizer.decode(list(result.token_ids), skip_special_tokens=True).strip()
                 row = a.scored(text, budget, config, time.perf_counter() - began, args.abstain)
                 rows.append(dict(asdict(row), source=source, layout=name, bits=bits, sink=sink, recent=recent,
-                                 file_bytes=size))  # fmt: skip
+                                 values=values, file_bytes=size))  # fmt: skip
                 print(f"  {name:>8} B={budget} {a.id}: score {row.score:.2f} ({row.support})", flush=True)
                 args.output.write_text(json.dumps(dict(meta=meta, files=files, rows=rows), indent=1) + "\n")
     print_report([dict(meta=meta, files=files, rows=rows)], args.abstain)

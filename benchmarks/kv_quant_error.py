@@ -16,8 +16,9 @@ scales and zeros, the last 32 tokens exact); `keys/token` keys quantized per tok
 argues against); `keys/token-bias` the same after subtracting each channel's mean over the document (kept exact:
 Qwen's k_proj bias and outlier channels); `G` the group size; `sink S` the first S tokens kept exact;
 `recent R` the newest R tokens exact (KIVI's residual); `scales bf16 / fp32` the scales' and zeros' format;
-`values rotated` the values' channels multiplied by an orthonormal Hadamard matrix before quantization and by
-its transpose after (QuaRot's rotation, Ashkboos et al. 2024: not in the file format).
+`values rotated` the values' channels multiplied by an orthonormal Hadamard matrix (blocks of d & -d
+channels) before quantization and by its transpose after (QuaRot's rotation, Ashkboos et al. 2024;
+`kvquant.rotate`; the file since format 6 rotates blocks of one value group).
 
     python benchmarks/kv_quant_error.py -o benchmarks/runs/kv-quant-error-qwen.json \
         > benchmarks/runs/kv-quant-error-qwen.txt
@@ -80,26 +81,16 @@ def fake_quant(x: torch.Tensor, scheme: Scheme, kind: str) -> torch.Tensor:
     shift = torch.zeros(1, 1, d)
     if kind == "keys" and scheme.center_keys:
         shift = x.mean(dim=1, keepdim=True)
-    rotation = hadamard(d) if kind == "values" and scheme.rotate_values else None
-    if rotation is not None:
-        mid = mid @ rotation  # [H_kv, m, d]: outlier channels spread over all (QuaRot, Ashkboos et al. 2024)
+    rotated = kind == "values" and scheme.rotate_values
+    if rotated:
+        mid = kvquant.rotate(mid, d & -d)  # outlier channels spread over a block (QuaRot, Ashkboos et al. 2024)
     by_channel = kind == "keys" and scheme.key_axis == "channel"
     group = scheme.group if kind == "keys" else (scheme.value_group or min(scheme.group, d))
     dim = -2 if by_channel else -1
     codes, scale, zero = kvquant.quantize(mid - shift, scheme.bits, dim, group, scheme.scale_dtype)
     back = kvquant.dequantize(codes, scale, zero, dim, group) + shift
-    out[:, lo:hi] = back if rotation is None else back @ rotation.T
+    out[:, lo:hi] = kvquant.rotate(back, d & -d) if rotated else back  # H = H^T = H^-1
     return out
-
-
-def hadamard(d: int) -> torch.Tensor:
-    """[d, d] orthonormal Hadamard matrix (Sylvester's construction; d a power of 2)."""
-    if d & (d - 1):
-        raise ValueError(f"a Hadamard rotation needs a power-of-2 head dimension (got {d})")
-    h = torch.ones(1, 1)
-    while h.shape[0] < d:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / math.sqrt(d)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -25,8 +25,9 @@ from cake_cli.bench.quality.real import build_case, common_prefix
 from cake_cli.bench.quality.run import Model
 from cake_cli.bench.real_docs import load_set, open_documents
 from cake_cli.cli.bench_options import configs_for
+from cake_cli.engine.cachefile import quantized_in_memory, value_coding_of
 from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK
-from cake_cli.engine.continuation import continue_prefix, quantized_in_memory, window_start
+from cake_cli.engine.continuation import continue_prefix, window_start
 from cake_cli.engine.replay import record, replay
 from cake_cli.tasks.runner import load_ready, prompt_limit, stop_token_ids
 
@@ -57,7 +58,8 @@ def main() -> None:
           f"{time.perf_counter() - began:.1f} s; B = {args.budget}, {args.method}", flush=True)  # fmt: skip
     for bits in (int(b) for b in args.bits.split(",")):
         window = config.window
-        held = whole if bits == 16 else quantized_in_memory(whole, bits, DEFAULT_KV_GROUP, window, DEFAULT_KV_SINK)
+        layout = (bits, DEFAULT_KV_GROUP, window, DEFAULT_KV_SINK)
+        held = whole if bits == 16 else quantized_in_memory(whole, *layout, **value_coding_of(whole.cache))
         for i, case in enumerate(cases):
             ids = torch.tensor([case.input_ids])
             profile = cProfile.Profile()

@@ -302,7 +302,9 @@ def _rows(scoring: str | None) -> str:
 
 def _bytes_text(r: CompressResult) -> str:
     """On disk, in memory once loaded, and the full cache's, with the KV bits."""
-    bits = "16 bits (the model's dtype)" if r.kv_bits == 16 else f"{r.kv_bits} bits, groups of {r.kv_group}"
+    rotated = "Hadamard-rotated " if r.kv_rotation else ""
+    groups = f"key groups of {r.kv_group} tokens, {rotated}value groups of {r.kv_value_group} channels"
+    bits = "16 bits (the model's dtype)" if r.kv_bits == 16 else f"{r.kv_bits} bits, {groups}"
     memory = "" if r.kv_bits == 16 else " while compressing (a loaded file keeps its global layers quantized)"
     return (
         f"on disk {human_bytes(r.file_bytes)} (keys and values {human_bytes(r.kv_bytes_file)} at {bits}) · "

@@ -8,7 +8,7 @@ Public API (loaded lazily, so `import cake_cli.engine.methods` stays free of tor
 - running: `prefill`, `decode`, `generate` -> `GenerationResult`; `record` / `replay` for grids
 - a compressed prefix continued many times: `extend`, `continue_and_decode`; the cache as flat
   tensors for a file: `cache_tensors`, `cache_from_tensors` (16, 8, 4 or 2 bits, `KV_BITS`), and
-  `requantized`, `quantized_in_memory` (module `continuation`; held quantized: `QuantLayer`, module
+  `requantized`, `quantized_in_memory` (module `cachefile`; held quantized: `QuantLayer`, module
   `kvmemory`); question-agnostic compression by reconstruction:
   `compress_by_reconstruction`, `reconstruction_scores` (module `reconstruct`)
 - registries: `METHODS` (with `resolve`, `with_method`), `ALLOCATIONS`, `INDICATORS`
@@ -37,10 +37,10 @@ _EXPORTS = {
     "GenerationResult": "generate",
     "extend": "continuation",
     "continue_and_decode": "continuation",
-    "cache_tensors": "continuation",
-    "cache_from_tensors": "continuation",
-    "requantized": "continuation",
-    "quantized_in_memory": "continuation",
+    "cache_tensors": "cachefile",
+    "cache_from_tensors": "cachefile",
+    "requantized": "cachefile",
+    "quantized_in_memory": "cachefile",
     "QuantLayer": "kvmemory",
     "KV_BITS": "config",
     "compress_by_reconstruction": "reconstruct",

@@ -117,7 +117,7 @@ def head_lengths(layer) -> list[int]:
 
 
 def check_padding(starts: torch.Tensor | None, positions: torch.Tensor, seen: int, layer_idx: int):
-    """The first live slot per head of a layer read from a file (`continuation.cache_from_tensors`), checked.
+    """The first live slot per head of a layer read from a file (`cachefile.cache_from_tensors`), checked.
 
     Args:
         starts: [H_kv] integer tensor `starts.i`, or None (the layer is not ragged).

@@ -3,7 +3,8 @@ Sec. 3.2-3.3 and Algorithm 1; docs/method.md §Quantized KV).
 
 A `QuantLayer` is a global layer's cache whose older slots are held as the .cake file's parts
 (`kvquant.quantize_entry`: keys per channel, values per token, grouped affine, 8, 4 or 2 bits, 4-bit and
-2-bit codes packed two and four to a byte, float16 scales and zeros), so loading a file is a copy. Its
+2-bit codes packed two and four to a byte, float16 scales and zeros; from format 6 the values Hadamard-rotated
+before quantizing, the rotation undone as they are dequantized), so loading a file is a copy. Its
 newest slots, the *residual*, stay in the model's dtype, as KIVI keeps its R most recent tokens in full
 precision: the prefix's last `recent` tokens (the observation window: what every question attends to
 first) and every token added since (the question, the answer). A format-5 file's first `sink` tokens (the
@@ -55,7 +56,9 @@ class QuantLayer(CakeLayer):
     """A global layer held as quantized slots + a full-precision residual (module docstring).
 
     Attributes:
-        bits: 8, 4 or 2. group: G, entries per quantization group. width: d, the head dimension.
+        bits: 8, 4 or 2. group: G, entries per key group (tokens). width: d, the head dimension.
+        value_group: channels per value group (format 6: 64; before, G). rotated: the values were quantized
+            Hadamard-rotated (format 6, `kvquant.rotate`): dequantizing undoes it.
         sink: the first s slots [1, H_kv, s, d] keys and values in the model's dtype (format 5), or None.
         parts: {"keys": {...}, "values": {...}} each {"codes": [H_kv, m, ceil(d · bits / 8)] uint8, "scale"
             and "zero" float16 (keys [H_kv, groups, d], values [H_kv, m, ceil(d / G)])}, `kvquant`'s layout.
@@ -63,23 +66,35 @@ class QuantLayer(CakeLayer):
         keys, values: the residual [1, H_kv, r, d] in the model's dtype (`CakeLayer`'s tensors).
     """
 
-    def __init__(self, bits: int, group: int, **kwargs):
+    def __init__(self, bits: int, group: int, *, value_group: int | None = None, rotated: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.bits, self.group, self.width = bits, group, 0
+        self.value_group, self.rotated = value_group or group, rotated
         self.parts: dict[str, dict[str, torch.Tensor]] = {}
         self.group_of: torch.Tensor | None = None
         self.sink: tuple[torch.Tensor, torch.Tensor] | None = None  # [1, H_kv, s, d] keys, values (format 5)
 
     @classmethod
-    def from_parts(cls, parts: dict[str, dict[str, torch.Tensor]], positions, seen: int, bits: int, group: int):
+    def from_parts(
+        cls,
+        parts: dict[str, dict[str, torch.Tensor]],
+        positions,
+        seen: int,
+        bits: int,
+        group: int,
+        *,
+        value_group: int | None = None,
+        rotated: bool = False,
+    ):
         """A layer from one layer's file parts (`kvquant.quantize_entry` of keys and values, already checked).
 
         Args:
             parts: {"keys": entry, "values": entry}, each with "codes", "scale", "zero", "recent" [H_kv, r, d]
                 and optionally "sink" [H_kv, s, d] (format 5).
             positions: [H_kv, s + m + r] int64 true positions, increasing. seen: the next token's position.
+            value_group, rotated: as the attributes (the file's `kv_value_group`, `kv_rotation`).
         """
-        layer = cls(bits, group)
+        layer = cls(bits, group, value_group=value_group, rotated=rotated)
         residual = [parts[kind]["recent"].unsqueeze(0) for kind in KINDS]  # [1, H_kv, r, d]
         layer.lazy_initialization(*residual)
         layer.keys, layer.values = residual
@@ -92,7 +107,7 @@ class QuantLayer(CakeLayer):
 
     def copy(self) -> QuantLayer:
         """An independent copy (`continuation.clone_cache`): parts, residual, positions, scores."""
-        out = QuantLayer(self.bits, self.group)
+        out = QuantLayer(self.bits, self.group, value_group=self.value_group, rotated=self.rotated)
         out.lazy_initialization(self.keys, self.values)
         out.keys, out.values = self.keys.clone(), self.values.clone()
         out.parts = {kind: {p: t.clone() for p, t in entry.items()} for kind, entry in self.parts.items()}
@@ -115,7 +130,7 @@ class QuantLayer(CakeLayer):
         `BLOCK` tokens at a time (`dequantize_keys`, `dequantize_values`)."""
         keys, values = self.parts["keys"], self.parts["values"]
         dequantize_keys(out[0], keys, self.bits, self.group, self.group_of)
-        dequantize_values(out[1], values, self.bits, self.group)
+        dequantize_values(out[1], values, self.bits, self.value_group, rotated=self.rotated)
 
     def whole(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every slot's keys and values [1, H_kv, s + m + r, d], model dtype (new tensors: sink, quantized, then

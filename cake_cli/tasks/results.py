@@ -332,7 +332,9 @@ class CompressResult(PrefillSummary):
     method: str
     scoring: str  # "question" (kept whole, evicted per question), "end" / "instruction" / "reconstruct"; "none": full
     kv_bits: int = 16  # bits per saved key/value (16: the model's dtype; 8 / 4: grouped affine, `engine.kvquant`)
-    kv_group: int | None = None  # entries per quantization group (None at 16 bits)
+    kv_group: int | None = None  # tokens per key group (None at 16 bits)
+    kv_value_group: int | None = None  # channels per value group (None at 16 bits)
+    kv_rotation: str | None = None  # "hadamard": values rotated before quantizing (format 6)
     kv_bytes_file: int = 0  # the saved keys and values (codes, scales, zeros, exact recent tokens), measured
     document_bytes: int = 0  # UTF-8 bytes of the document text the model read (after extraction)
     smaller_files: tuple[tuple[int, int], ...] = ()  # (bits, file bytes) at each --kv-bits below kv_bits

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from cake_cli.engine.continuation import requantized
+from cake_cli.engine.cachefile import requantized
 from cake_cli.tasks.saved import compress as saved_compress
 from cake_cli.tasks.saved import fileformat as cachefile
 from tests.helpers.cli import TINY, compressed, flat, invoke, one_error_line
@@ -26,7 +26,7 @@ def ranked(doc, cli_env):
 def test_a_global_file_keeps_unequal_heads_and_reports_them(ranked, doc, cli_env):
     path, report = ranked
     meta = cachefile.read_saved(path).meta
-    assert meta.format_version == cachefile.FORMAT_VERSION == 5 and meta.allocation == "global"
+    assert meta.format_version == cachefile.FORMAT_VERSION == 6 and meta.allocation == "global"
     heads = [layer.heads for layer in meta.layers]
     assert any(h is not None for h in heads), "some layer's KV heads keep different numbers of tokens"
     assert [layer["heads"] for layer in report["layers"]] == heads

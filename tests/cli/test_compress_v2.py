@@ -58,6 +58,9 @@ def test_quantized_files_are_smaller_and_say_so(four, doc, cli_env):
     _, eight = compressed(doc, cli_env / "eight.cake", "--kv-bits", "8")
     meta = cachefile.read_saved(path).meta
     assert meta.format_version == FORMAT_VERSION and (meta.kv_bits, meta.kv_group, meta.kv_recent) == (4, 32, 8)
+    assert (meta.kv_value_group, meta.kv_rotation) == (8, "hadamard"), (
+        "format 6: rotated values, a group a head (d = 8)"
+    )
     assert (report["kv_bits"], report["kv_group"], sixteen["kv_bits"], sixteen["kv_group"]) == (4, 32, 16, None)
     assert sixteen["kv_bytes_file"] == sixteen["kv_bytes_kept"] == report["kv_bytes_kept"], "same tokens, 16 bits"
     assert report["kv_bytes_file"] < eight["kv_bytes_file"] < sixteen["kv_bytes_file"]
@@ -65,7 +68,8 @@ def test_quantized_files_are_smaller_and_say_so(four, doc, cli_env):
     assert report["file_fraction"] == pytest.approx(report["file_bytes"] / report["kv_bytes_full"])
     text = invoke("compress", doc, "-o", cli_env / "t.cake", *TINY, "-b", "64", "--scoring", "end", "--kv-bits", "4")
     assert text.exit_code == 0 and text.stdout == ""
-    assert "4 bits, groups of 32" in text.stderr and "keeps its global layers quantized" in text.stderr
+    assert "4 bits, key groups of 32 tokens, Hadamard-rotated value groups of 8 channels" in text.stderr
+    assert "a loaded file keeps" in text.stderr and "global layers quantized" in text.stderr
     assert "on disk" in text.stderr and "full cache" in text.stderr
 
 
@@ -82,6 +86,20 @@ def test_4bit_file_answers_as_the_cache_quantized_in_process(four, doc):
         got = json.loads(qa.stdout)
         assert got["answer"] == turn["answer"] and got["generated_tokens"] == turn["generated_tokens"] > 0
         assert got["cache"]["kv_bytes"] == turn["cache"]["kv_bytes"]
+
+
+def test_format_5_headers_read_as_unrotated_value_groups_of_the_key_group(four):
+    """A version 1-5 header has no kv_value_group or kv_rotation: its values are read as format 5 wrote them."""
+    path, _ = four
+    meta, _ = meta_of(path.read_bytes())
+    for name in ("kv_value_group", "kv_rotation"):
+        meta.pop(name)
+    old = cachefile.CacheMeta.from_json(dict(meta, format_version=5))
+    assert old.value_coding() == {"value_group": 32, "rotated": False}
+    assert cachefile.CacheMeta.from_json(meta_of(path.read_bytes())[0]).value_coding() == {
+        "value_group": 8,
+        "rotated": True,
+    }
 
 
 def test_version_1_files_still_load(doc, cli_env):
@@ -122,6 +140,16 @@ def test_damaged_scales(four, cli_env):
     one_error_line(invoke("qa", cli_env / "zero.cake", "Who?", "-o", out, "--quiet"), 1, "damaged")
     rewritten(path, cli_env / "bits.cake", kv_bits=3)
     one_error_line(invoke("qa", cli_env / "bits.cake", "Who?", "-o", out), 1, "quantization settings")
+    for name, changes in (
+        ("spin", {"kv_rotation": "givens"}),
+        ("old", {"format_version": 5}),
+        ("vg", {"kv_value_group": 0}),
+        ("odd", {"kv_value_group": 6}),
+    ):
+        # a rotation format 5 did not have, unknown ones, or a rotated group that is not one Hadamard block
+        rewritten(path, cli_env / f"{name}.cake", **changes)
+        line = one_error_line(invoke("qa", cli_env / f"{name}.cake", "Who?", "-o", out), 1, "quantization settings")
+        assert "rotation" in line and "cake compress" in line
     assert not out.exists(), "nothing written"
 
 
@@ -137,7 +165,7 @@ def test_2bit_file_end_to_end(four, doc, cli_env):
     prefix kept whole): a smaller file than 4 bits that answers as the same cache held at 2 bits in process."""
     path, report = compress_tiny(doc, cli_env / "two.cake", "--kv-bits", "2")
     meta = cachefile.read_saved(path).meta
-    assert (meta.format_version, meta.kv_bits, meta.kv_group, meta.kv_sink) == (5, 2, 32, 4) and meta.whole
+    assert (meta.format_version, meta.kv_bits, meta.kv_group, meta.kv_sink) == (FORMAT_VERSION, 2, 32, 4) and meta.whole
     assert report["kv_bits"] == 2 and report["kv_bytes_file"] < report["kv_bytes_kept"] * 0.5
     tensors = load_tensors(path.read_bytes())
     assert tensors["keys.0.sink"].shape[1] == 4 and tensors["keys.0.codes"].shape[-1] == -(
@@ -154,17 +182,26 @@ def test_2bit_file_end_to_end(four, doc, cli_env):
     assert json.loads(qa.stdout)["answer"] == turn["answer"]
 
 
-def test_version_4_quantized_files_still_load(doc, cli_env, monkeypatch):
-    """A 4-bit file as cake-cli wrote it before format 5 (no `kv_sink`, no `.sink` parts) loads and answers as the
-    same file read as version 5; a 2-bit file claiming version 4 is refused (2 bits came with version 5)."""
+def test_version_4_and_5_quantized_files_still_load(doc, cli_env, monkeypatch):
+    """4-bit files as cake-cli wrote them before format 6 (values unrotated in groups of 32) and before format 5
+    (no `kv_sink`, no `.sink` parts) load and answer as the same file read with this version's fields; a 2-bit
+    file claiming version 4 is refused (2 bits came with version 5)."""
     monkeypatch.setattr(store, "DEFAULT_KV_SINK", 0)  # the layout of format 4
-    path, _ = compressed(doc, cli_env / "v5.cake", "--kv-bits", "4")
+    monkeypatch.setattr(store, "value_coding_of", lambda cache: {"value_group": 32, "rotated": False})  # format 5
+    path, _ = compressed(doc, cli_env / "v6.cake", "--kv-bits", "4")
     assert not any(name.endswith(".sink") for name in load_tensors(path.read_bytes()))
-    rewritten(path, cli_env / "v4.cake", format_version=4, drop=("kv_sink",))
+    rewritten(path, cli_env / "v5.cake", format_version=5, drop=("kv_value_group", "kv_rotation"))
+    rewritten(path, cli_env / "v4.cake", format_version=4, drop=("kv_sink", "kv_value_group", "kv_rotation"))
     assert cachefile.read_saved(cli_env / "v4.cake").meta.kv_sink == 0
+    for old in ("v5", "v4"):
+        assert cachefile.read_saved(cli_env / f"{old}.cake").meta.value_coding() == {
+            "value_group": 32,
+            "rotated": False,
+        }
     answers = [
-        json.loads(invoke("qa", p, QUESTIONS[0], "-n", "6", "--json").stdout) for p in (path, cli_env / "v4.cake")
+        json.loads(invoke("qa", p, QUESTIONS[0], "-n", "6", "--json").stdout)
+        for p in (path, cli_env / "v5.cake", cli_env / "v4.cake")
     ]
-    assert answers[0]["answer"] == answers[1]["answer"]
+    assert answers[0]["answer"] == answers[1]["answer"] == answers[2]["answer"]
     rewritten(path, cli_env / "two-v4.cake", format_version=4, kv_bits=2)
     one_error_line(invoke("qa", cli_env / "two-v4.cake", "Who?"), 1, "quantization settings")

@@ -10,11 +10,10 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from cake_cli.engine.attention import use_cake_attention
+from cake_cli.engine.cachefile import cache_from_tensors, cache_tensors
 from cake_cli.engine.config import CakeConfig
 from cake_cli.engine.continuation import (
     SavedCascade,
-    cache_from_tensors,
-    cache_tensors,
     clone_cache,
     continuation_capacity,
     continue_and_decode,

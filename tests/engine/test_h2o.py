@@ -14,8 +14,9 @@ import torch
 
 from cake_cli.engine import window
 from cake_cli.engine.attention import use_cake_attention
+from cake_cli.engine.cachefile import cache_from_tensors, cache_tensors
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.continuation import cache_from_tensors, cache_tensors, extend_and_evict
+from cake_cli.engine.continuation import extend_and_evict
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled, decode, forward_step, prefill
 from cake_cli.engine.indicators import token_scores

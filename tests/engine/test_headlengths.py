@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from cake_cli.engine.attention import use_cake_attention
+from cake_cli.engine.cachefile import cache_from_tensors, cache_tensors, requantized
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.continuation import cache_from_tensors, cache_tensors, continue_prefix, requantized
+from cake_cli.engine.continuation import continue_prefix
 from cake_cli.engine.generate import decode
 from cake_cli.engine.headlengths import ranked_selection
 from cake_cli.engine.reconstruct import compress_by_reconstruction, reconstruction_scores

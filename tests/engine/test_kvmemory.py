@@ -1,7 +1,7 @@
 """Keys and values held quantized in memory while answering (`engine.kvmemory`, KIVI arXiv 2402.02750).
 
 Oracles: (1) every decode step's logits equal those of the same quantized cache dequantized to full
-tensors once (`continuation.requantized`, the file's loading path before) and decoded normally, for
+tensors once (`cachefile.requantized`, the file's loading path before) and decoded normally, for
 Llama, a GQA family and Gemma 3 (local layers), 8 and 4 bits, `fixed` and `grow` decode policies (H2O's
 accumulation too); (2) a 4-bit file loaded with `in_memory` answers exactly as the same cache quantized
 in process; (3) the KV bytes reported equal the bytes of the tensors held, computed here from the
@@ -16,20 +16,16 @@ from safetensors.torch import save as save_tensors
 
 from cake_cli.engine import kvquant
 from cake_cli.engine.attention import use_cake_attention
+from cake_cli.engine.cachefile import cache_from_tensors, cache_tensors, quantized_in_memory, requantized
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.continuation import (
-    cache_from_tensors,
-    cache_tensors,
-    continuation_capacity,
-    extend,
-    quantized_in_memory,
-    requantized,
-)
+from cake_cli.engine.continuation import continuation_capacity, extend
 from cake_cli.engine.generate import decode, prefill
 from cake_cli.engine.kvmemory import KINDS, QuantLayer
+from tests.helpers.hadamard import rotated_reference
 from tests.helpers.models import tiny_family, tiny_llama
 
 GROUP, WINDOW = 8, 6
+ROTATED = {"value_group": 8, "rotated": True}  # format 6's value coding: one rotated group a head (d = 8)
 
 
 @pytest.fixture(scope="module")
@@ -55,16 +51,16 @@ def answer(model, state, prefix, suffix, config, steps=8):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3_text"])
-@pytest.mark.parametrize(("bits", "sink"), [(8, 0), (4, 0), (4, 3), (2, 3)])
+@pytest.mark.parametrize(("bits", "sink", "coding"), [(8, 0, {}), (4, 0, {}), (4, 3, {}), (2, 3, {}), (4, 3, ROTATED)])
 @pytest.mark.parametrize("policy", ["fixed", "grow"])
-def test_decode_equals_the_dequantized_reference(models, arch, bits, sink, policy):
+def test_decode_equals_the_dequantized_reference(models, arch, bits, sink, coding, policy):
     model = models[arch]
     use_cake_attention(model, "sdpa")
     prefix, suffix = ids(1, 80), ids(2, 5)
     config = CakeConfig(budget=30, window=WINDOW, decode_policy=policy)
     state = prefill(model, prefix, config)
-    held = quantized_in_memory(state, bits, GROUP, recent=WINDOW, sink=sink)
-    reference = requantized(state, bits, GROUP, recent=WINDOW, sink=sink)
+    held = quantized_in_memory(state, bits, GROUP, recent=WINDOW, sink=sink, **coding)
+    reference = requantized(state, bits, GROUP, recent=WINDOW, sink=sink, **coding)
     kinds = [type(layer) for layer in held.cache.layers]
     assert QuantLayer in kinds and (arch != "gemma3_text" or len(set(kinds)) == 2), "local layers stay unquantized"
     assert all(layer.sunk() == sink for layer in held.cache.layers if isinstance(layer, QuantLayer))
@@ -181,6 +177,31 @@ def test_blockwise_dequantization_is_bit_for_bit_the_files(bits, sink, group, di
     assert int(survivors.max()) < length - 5, "every survivor is a quantized slot"
     groups = len(set((survivors - sink).div(group, rounding_mode="floor").flatten().tolist()))  # original groups
     assert layer.parts["keys"]["scale"].shape[1] == groups <= before
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize(("group", "dim", "length"), [(64, 64, 2600), (4, 12, 300), (64, 256, 700)])
+def test_rotated_values_are_bit_for_bit_the_files_after_eviction(bits, group, dim, length):
+    """Format 6: a layer holding Hadamard-rotated values gives, bit for bit, what `dequantize_entry` gives the file,
+    before and after an eviction moves the blocks each slot is dequantized in; both equal the float64 reference
+    (plain dequantization, then the rotation matrix) to the model dtype's rounding."""
+    gen = torch.Generator().manual_seed(group + bits)
+    k, v = (torch.randn(2, length, dim, generator=gen).to(torch.bfloat16) * 3 for _ in range(2))
+    keys = kvquant.quantize_entry(k, "keys", bits, GROUP, 5, 4)
+    values = kvquant.quantize_entry(v, "values", bits, group, 5, 4, rotated=True)
+    layer = QuantLayer.from_parts(
+        {"keys": dict(keys), "values": dict(values)}, torch.arange(length).expand(2, length), length, bits, GROUP,
+        value_group=group, rotated=True,
+    )  # fmt: skip
+    want = kvquant.dequantize_entry(values, "values", bits, group, dim, rotated=True)
+    assert torch.equal(layer.whole()[1][0], want)
+    codes = kvquant.unpack(values["codes"], bits, dim)
+    middle = rotated_reference(kvquant.dequantize(codes, values["scale"], values["zero"], -1, group), group)
+    torch.testing.assert_close(want[:, 4 : length - 5].double(), middle, rtol=2**-8, atol=1e-4)  # bf16 rounding
+    keep = torch.stack([(torch.randperm(length - 4, generator=gen)[: length // 3] + 4).sort().values for _ in range(2)])
+    keep = torch.cat([torch.arange(4).expand(2, -1), keep], dim=1)
+    layer.keep(keep)
+    assert torch.equal(layer.whole()[1][0], want.gather(1, keep.unsqueeze(-1).expand(-1, -1, dim)))
 
 
 @pytest.mark.parametrize("bits", [4, 2])

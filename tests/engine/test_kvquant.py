@@ -14,16 +14,11 @@ from safetensors.torch import save as save_tensors
 
 from cake_cli.engine import kvquant
 from cake_cli.engine.attention import use_cake_attention
+from cake_cli.engine.cachefile import cache_from_tensors, cache_tensors, requantized
 from cake_cli.engine.config import CakeConfig
-from cake_cli.engine.continuation import (
-    SavedCascade,
-    cache_from_tensors,
-    cache_tensors,
-    continuation_capacity,
-    extend,
-    requantized,
-)
+from cake_cli.engine.continuation import SavedCascade, continuation_capacity, extend
 from cake_cli.engine.generate import Prefilled, decode, prefill
+from tests.helpers.hadamard import rotated_reference
 
 
 def random_kv(heads: int, length: int, dim: int, seed: int, spread: float = 1.0, offset: float = 0.0) -> torch.Tensor:
@@ -155,11 +150,11 @@ def test_4bit_entry_bytes():
     assert [kvquant.quantized_bytes(p) for p in parts] == [full * 5 // 16] * 2
 
 
-def saved_and_loaded(state: Prefilled, bits: int, recent: int, sink: int = 0) -> Prefilled:
+def saved_and_loaded(state: Prefilled, bits: int, recent: int, sink: int = 0, **coding) -> Prefilled:
     """The state as a .cake file of `bits` carries it: safetensors bytes and back (nothing else shared)."""
-    tensors = load_tensors(save_tensors(cache_tensors(state.cache, bits, 32, recent, sink)))
+    tensors = load_tensors(save_tensors(cache_tensors(state.cache, bits, 32, recent, sink, **coding)))
     n = state.cache.layers[0].seen
-    cache = cache_from_tensors(tensors, len(state.cache.layers), n, "cpu", bits=bits, group=32)
+    cache = cache_from_tensors(tensors, len(state.cache.layers), n, "cpu", bits=bits, group=32, **coding)
     cascade = SavedCascade(list(state.cascade.stats), state.cascade.final_budgets, state.cascade.evicting)
     return Prefilled(cache, cascade, state.logits, 0.0, cache.lengths(), cache.kv_bytes(), cache.kv_bytes())
 
@@ -171,15 +166,18 @@ def answer(model, state, prefix, suffix, config, logits):
     return decode(model, full, cont, config, max_new_tokens=10, capacity=capacity, step_logits=logits)
 
 
-@pytest.mark.parametrize(("bits", "sink"), [(8, 0), (4, 0), (2, 4)])
-def test_saved_quantized_cache_answers_as_the_cache_quantized_in_process(tiny_model, bits, sink):
+ROTATED = {"value_group": 8, "rotated": True}  # format 6's value coding: one group a head of the tiny model (d = 8)
+
+
+@pytest.mark.parametrize(("bits", "sink", "coding"), [(8, 0, {}), (4, 0, {}), (2, 4, {}), (4, 4, ROTATED)])
+def test_saved_quantized_cache_answers_as_the_cache_quantized_in_process(tiny_model, bits, sink, coding):
     gen = torch.Generator().manual_seed(5)
     prefix, suffix = torch.randint(0, 97, (1, 90), generator=gen), torch.randint(0, 97, (1, 6), generator=gen)
     config = CakeConfig(budget=40, window=6)
     use_cake_attention(tiny_model, "sdpa")
     state = prefill(tiny_model, prefix, config)
-    here = requantized(state, bits, 32, recent=6, sink=sink)
-    there = saved_and_loaded(state, bits, recent=6, sink=sink)
+    here = requantized(state, bits, 32, recent=6, sink=sink, **coding)
+    there = saved_and_loaded(state, bits, recent=6, sink=sink, **coding)
     for a, b, c in zip(here.cache.layers, there.cache.layers, state.cache.layers):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) and torch.equal(a.positions, c.positions)
         assert torch.equal(a.keys[:, :, -6:], c.keys[:, :, -6:]), "the observation window is not quantized"
@@ -203,3 +201,92 @@ def test_entry_bytes_equals_the_quantized_tensors(kind, bits, length, dim, recen
     x = torch.randn(2, length, dim, dtype=torch.bfloat16)
     parts = kvquant.quantize_entry(x, kind, bits, 32, recent, sink)
     assert kvquant.entry_bytes(2, length, dim, 2, kind, bits, 32, recent, sink) == kvquant.quantized_bytes(parts)
+
+
+@pytest.mark.parametrize(("dim", "p"), [(1, 1), (2, 2), (12, 4), (64, 64), (80, 16), (128, 64), (256, 256)])
+def test_rotate_is_the_block_hadamard_product_and_its_own_inverse(dim, p):
+    x = random_kv(3, 40, dim, dim)
+    got = kvquant.rotate(x, p)
+    torch.testing.assert_close(got.double(), rotated_reference(x, p), rtol=1e-6, atol=1e-5)  # H symmetric: x H = H x
+    torch.testing.assert_close(kvquant.rotate(got, p), x, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got.norm(dim=-1), x.norm(dim=-1), rtol=1e-5, atol=1e-5)  # orthonormal
+
+
+@pytest.mark.parametrize(("dim", "group"), [(64, 32), (80, 64), (96, 48), (12, 8)])
+def test_a_rotation_block_is_a_whole_value_group(dim, group):
+    if dim % group == 0 and group & (group - 1) == 0:
+        assert kvquant.rotation_block(dim, group) == group
+        return
+    with pytest.raises(ValueError, match="power of 2 dividing d"):
+        kvquant.quantize_entry(random_kv(1, 10, dim, 0), "values", 4, group, recent=0, rotated=True)
+
+
+@pytest.mark.parametrize(("dim", "coding"), [(64, (64, True)), (256, (64, True)), (8, (8, True)), (80, (32, False))])
+def test_files_rotate_groups_of_64_or_the_whole_head(dim, coding):
+    assert kvquant.coding_for(dim) == {"value_group": coding[0], "rotated": coding[1]}
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("group", [64, 16, 2])
+def test_rotated_dequantization_is_exact_in_the_codes_and_a_function_of_each_row(bits, group):
+    """s · (H c) / √G + z · √G · e_0 (the shipped dequantization) equals the float64 product of the plain dequantized
+    rows with H to float32's rounding, and every row gives the same bits alone as in the whole block."""
+    x = random_kv(2, 300, 64, bits + group).to(torch.bfloat16)
+    parts = kvquant.quantize_entry(x, "values", bits, group, recent=0, rotated=True)
+    got = torch.empty(2, 300, 64, dtype=torch.float32)
+    kvquant.dequantize_values(got, parts, bits, group, rotated=True)
+    plain = kvquant.dequantize(kvquant.unpack(parts["codes"], bits, 64), parts["scale"], parts["zero"], -1, group)
+    ulp = float(plain.abs().max()) * 2**-23  # float32 rounding at the block's magnitude (sums may cancel)
+    torch.testing.assert_close(got.double(), rotated_reference(plain, group), rtol=1e-6, atol=4 * ulp)
+    for a, b in ((0, 1), (17, 18), (250, 300), (5, 129)):
+        part = {k: v[:, a:b] for k, v in parts.items() if k != "recent"}
+        one = torch.empty(2, b - a, 64, dtype=torch.float32)
+        kvquant.dequantize_values(one, part, bits, group, rotated=True)
+        assert torch.equal(one, got[:, a:b]), (a, b)
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize(("dim", "group"), [(64, 64), (128, 64), (24, 8)])
+def test_rotated_values_are_within_half_a_scale_in_the_rotated_space(bits, dim, group):
+    """The bound holds for the rotated values; dequantizing undoes the rotation (the float64 reference), so the
+    error of each value row keeps its norm."""
+    x = random_kv(2, 90, dim, bits + dim).to(torch.bfloat16)  # an outlier channel: what the rotation spreads
+    parts = kvquant.quantize_entry(x, "values", bits, group, recent=5, sink=4, rotated=True)
+    codes = kvquant.unpack(parts["codes"], bits, dim)
+    back = kvquant.dequantize(codes, parts["scale"], parts["zero"], -1, group)  # [H_kv, m, d], rotated space
+    turned = kvquant.rotate(x[:, 4:85].float(), group)
+    s = parts["scale"].float().repeat_interleave(group, dim=-1)[..., :dim]
+    assert bool(((back - turned).abs() <= s / 2 + 1e-5 * turned.abs().clamp_min(1.0)).all())
+    got = kvquant.dequantize_entry(parts, "values", bits, group, dim, rotated=True)
+    want = rotated_reference(back, group).to(torch.bfloat16)  # H = H^-1
+    assert torch.equal(got[:, :4], x[:, :4]) and torch.equal(got[:, 85:], x[:, 85:]), "sink and recent stay exact"
+    torch.testing.assert_close(got[:, 4:85].float(), want.float(), rtol=1e-2, atol=1e-2)
+    err_rows = (got[:, 4:85].float() - x[:, 4:85].float()).norm(dim=-1)
+    torch.testing.assert_close(err_rows, (back - turned).norm(dim=-1), rtol=0.05, atol=0.05)  # bf16 rounding only
+
+
+def test_rotation_halves_the_value_error_of_an_outlier_channel_at_the_same_bytes():
+    """Why format 6 rotates: a value channel 20x the others sets every unrotated group's scale; rotated, its
+    energy is spread over the block, and groups of 64 beat unrotated groups of 32 that cost more bytes."""
+    x = random_kv(2, 256, 64, 9)
+    plain = kvquant.quantize_entry(x, "values", 4, 32, recent=0)
+    turned = kvquant.quantize_entry(x, "values", 4, 64, recent=0, rotated=True)
+    errors = [
+        float((kvquant.dequantize_entry(p, "values", 4, g, 64, rotated=r) - x).norm() / x.norm())
+        for p, g, r in ((plain, 32, False), (turned, 64, True))
+    ]
+    assert kvquant.quantized_bytes(turned) < kvquant.quantized_bytes(plain)
+    assert errors[1] < errors[0] / 2, errors
+
+
+def test_keys_are_not_rotated():
+    with pytest.raises(ValueError, match="only values"):
+        kvquant.quantize_entry(random_kv(1, 10, 8, 0), "keys", 4, 8, recent=0, rotated=True)
+
+
+def test_4bit_rotated_entry_bytes():
+    x = random_kv(2, 256, 64, 3).to(torch.bfloat16)
+    full = x.numel() * x.element_size()
+    parts = kvquant.quantize_entry(x, "values", 4, 64, recent=0, rotated=True)
+    # 4-bit codes (0.25 of bf16) plus a float16 scale and zero per 64 channels (0.03125 of bf16)
+    assert kvquant.quantized_bytes(parts) == full * 9 // 32 == kvquant.entry_bytes(2, 256, 64, 2, "values", 4, 64, 0)

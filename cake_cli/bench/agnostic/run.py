@@ -43,16 +43,9 @@ from cake_cli.bench.needles import insert_at_depths, needle_facts
 from cake_cli.bench.quality.run import PROMPT_SLACK, Model
 from cake_cli.bench.scoring import exact_answer, score_answer
 from cake_cli.bench.splits import needle_depths
+from cake_cli.engine.cachefile import cache_tensors, requantized, value_coding_of
 from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK, CakeConfig
-from cake_cli.engine.continuation import (
-    SavedCascade,
-    cache_tensors,
-    clone_cache,
-    continue_and_decode,
-    probe_config,
-    requantized,
-    without_probe,
-)
+from cake_cli.engine.continuation import SavedCascade, clone_cache, continue_and_decode, probe_config, without_probe
 from cake_cli.engine.generate import Prefilled, decode, sync_device
 from cake_cli.engine.methods import with_method
 from cake_cli.engine.reconstruct import evict_by_scores, reconstruction_scores
@@ -106,12 +99,15 @@ def agnostic_document(model: Model, split: str, index: int, depth: float, length
 def file_bytes(state: Prefilled, bits: int, window: int) -> int:
     """Bytes of the safetensors tensors a .cake of this cache holds at `bits` (positions included, the
     metadata header left out: it holds the document text, the same for every row)."""
-    return len(save_tensors(cache_tensors(state.cache, bits, DEFAULT_KV_GROUP, window, DEFAULT_KV_SINK)))
+    coding = value_coding_of(state.cache)
+    tensors = cache_tensors(state.cache, bits, DEFAULT_KV_GROUP, window, DEFAULT_KV_SINK, **coding)
+    return len(save_tensors(tensors))
 
 
 def held_as_file(state: Prefilled, bits: int, window: int) -> Prefilled:
     """`state` held as a .cake file of `bits` holds it in memory once loaded (global layers quantized)."""
-    return requantized(state, bits, DEFAULT_KV_GROUP, window, sink=DEFAULT_KV_SINK, in_memory=True)  # as a file
+    held = dict(sink=DEFAULT_KV_SINK, in_memory=True, **value_coding_of(state.cache))  # as a file
+    return requantized(state, bits, DEFAULT_KV_GROUP, window, **held)
 
 
 def evicted_by_scores(rec, scores, config: CakeConfig) -> Prefilled:

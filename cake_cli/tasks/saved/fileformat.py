@@ -1,6 +1,6 @@
 """The .cake file: a compressed document prefix saved by `cake compress`, read without torch.
 
-Format (version `FORMAT_VERSION` = 5): one safetensors file. Tensors, per layer i: ``positions.i``
+Format (version `FORMAT_VERSION` = 6): one safetensors file. Tensors, per layer i: ``positions.i``
 [H_kv, len_i] int16 (int32 past 32767 positions): each kept token's true position; and its keys and
 values, at the file's ``kv_bits``:
 
@@ -10,7 +10,10 @@ values, at the file's ``kv_bits``:
   entries (keys: per channel, groups along the tokens; values: per token, groups along the channels),
   ``.recent`` the newest ``kv_recent`` tokens in the model's dtype (the observation window: never
   quantized), and from version 5 ``.sink`` the first ``kv_sink`` tokens in the model's dtype (the
-  attention sinks; absent when ``kv_sink`` is 0).
+  attention sinks; absent when ``kv_sink`` is 0). From version 6 the values' groups span ``kv_value_group``
+  channels (before: ``kv_group``), and with ``kv_rotation`` "hadamard" the value codes are of the values
+  multiplied by the block-diagonal Hadamard matrix whose blocks are the value groups (a power of 2 dividing
+  the head dimension; `engine.kvquant.rotate`), undone when they are dequantized.
   A loaded file keeps these parts in memory for its global, non-ragged layers (`engine.kvmemory`); local
   and ragged layers are dequantized to the model's dtype.
 
@@ -20,7 +23,8 @@ From version 4, a layer whose KV heads keep different numbers of tokens (``--all
 padded at the front to its longest head (zeros at position -1), and its metadata layer lists ``heads``,
 the tokens each KV head keeps. Versions 1-3 have neither and load as before. Version 5 adds 2-bit codes and
 the sink tokens (``kv_sink``); versions 1-4 read as ``kv_sink`` 0, and a 2-bit file claiming an older
-version is refused as corrupt.
+version is refused as corrupt. Version 6 adds ``kv_value_group`` and ``kv_rotation``; versions 1-5 read as
+value groups of ``kv_group`` and no rotation, and an older file that names a rotation is refused as corrupt.
 
 The safetensors header's ``__metadata__`` holds one key, ``cake_cli``: a JSON object with every
 `CacheMeta` field (format and cake-cli versions, model and its fingerprint, dtype, method, the
@@ -51,10 +55,11 @@ from cake_cli.engine.config import KV_BITS
 from cake_cli.errors import CakeError
 
 FORMAT = "cake-cli-cache"
-FORMAT_VERSION = 5  # 5: 2-bit codes, sink tokens (`kv_sink`); 4: per-KV-head lengths; 3: checksum over the metadata
-READABLE_VERSIONS = (1, 2, 3, 4, 5)  # 1: no kv_* fields (16-bit keys and values, the same tensors)
+FORMAT_VERSION = 6  # 6: value groups and rotation; 5: 2-bit codes, sink tokens; 4: per-KV-head lengths; 3: checksum
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)  # 1: no kv_* fields (16-bit keys and values, the same tensors)
 CHECKSUM = "sha256"  # the metadata field holding `file_sha256` (version 3)
 SUFFIX = ".cake"
+ROTATION = "hadamard"  # format 6: `kv_rotation` of rotated values (`engine.kvquant.rotate`)
 META_KEY = "cake_cli"
 SCORINGS = ("question", "end", "instruction", "reconstruct")  # how the document is scored (`tasks.saved.compress`)
 DEFAULT_SCORING = "question"  # the only one that keeps question-aware quality (benchmarks/cache.md)
@@ -120,6 +125,8 @@ class CacheMeta:
     kv_group: int | None = None  # entries per quantization group (None at 16 bits)
     kv_recent: int = 0  # newest tokens of each layer kept in the model's dtype when quantized
     kv_sink: int = 0  # format 5: first tokens of each layer kept in the model's dtype when quantized (`.sink` parts)
+    kv_value_group: int | None = None  # format 6: channels per value group (None: kv_group, as versions 1-5)
+    kv_rotation: str | None = None  # format 6: "hadamard" when the values were rotated before quantizing
     kv_bytes_file: int | None = None  # bytes of the saved keys and values (codes, scales, zeros, recent), measured
     sha256: str = ""  # version 3: `file_sha256` of the file, metadata and tensor table included (set when saving)
 
@@ -128,6 +135,11 @@ class CacheMeta:
         """The prefix was kept whole (scoring "question", or --method full): every task evicts it with
         its own question in the observation window, at its own budget, method and window."""
         return self.scoring == "question" or self.method == "full"
+
+    def value_coding(self) -> dict:
+        """The keyword arguments `engine.continuation` takes for how this file's values are coded: value_group
+        (channels per group) and rotated (`kv_rotation` is "hadamard")."""
+        return {"value_group": self.kv_value_group or self.kv_group, "rotated": self.kv_rotation == ROTATION}
 
     @property
     def used_text(self) -> str:
@@ -285,12 +297,15 @@ def blob_sha256(blob: bytes) -> str:
 
 # ---- format version 2: versions, KV bits ------------------------------------------------------------
 
-V2_DEFAULTS = {"kv_bits": 16, "kv_group": None, "kv_recent": 0, "kv_bytes_file": None, "kv_sink": 0}  # version 1
+V2_DEFAULTS = {  # what a version 1 file means (versions 2-4: no kv_sink; 2-5: no value group, no rotation)
+    "kv_bits": 16, "kv_group": None, "kv_recent": 0, "kv_bytes_file": None, "kv_sink": 0,
+    "kv_value_group": None, "kv_rotation": None,
+}  # fmt: skip
 
 
 def v2_fields(data: dict) -> dict:
-    """The format-2 fields of a header's JSON object (and format 5's `kv_sink`), `V2_DEFAULTS` for those an older
-    file lacks (version 1: all; versions 2-4: `kv_sink`, no sink tokens)."""
+    """The format-2 fields of a header's JSON object (and the later kv_* ones), `V2_DEFAULTS` for those an older
+    file lacks (version 1: all; versions 2-4: `kv_sink`, no sink tokens; 2-5: value group and rotation)."""
     return {name: data.get(name, default) for name, default in V2_DEFAULTS.items()}
 
 
@@ -313,6 +328,11 @@ def check_version(data: dict, path: Path) -> None:
     )
 
 
+def _positive(n) -> bool:
+    """n is an int >= 1 (not a bool)."""
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 1
+
+
 def check_quantization(meta: CacheMeta, path: Path) -> None:
     """Refuse KV bits, group or recent-token settings no cake-cli writes (a damaged or hand-made header).
 
@@ -320,13 +340,20 @@ def check_quantization(meta: CacheMeta, path: Path) -> None:
         CakeError (exit 1): naming the setting, with the command that remakes the file.
     """
     bits, group, recent, sink = meta.kv_bits, meta.kv_group, meta.kv_recent, meta.kv_sink
-    bad_group = bits != 16 and (not isinstance(group, int) or isinstance(group, bool) or group < 1)
+    value_group, rotation = meta.kv_value_group, meta.kv_rotation
+    bad_group = bits != 16 and not _positive(group)
+    bad_group |= value_group is not None and (bits == 16 or meta.format_version < 6 or not _positive(value_group))
     counts = (recent, sink)
     bad_count = any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in counts)
     old_two = bits == 2 and meta.format_version < 5  # 2-bit codes came with format 5
-    if bits not in KV_BITS or bad_group or bad_count or old_two:
+    bad_rotation = rotation not in (None, ROTATION)
+    bad_rotation |= rotation is not None and (bits == 16 or meta.format_version < 6)
+    g = meta.value_coding()["value_group"]
+    bad_rotation |= rotation is not None and _positive(g) and g & (g - 1) != 0  # a block is one group of 2^k
+    if bits not in KV_BITS or bad_group or bad_count or old_two or bad_rotation:
         raise CakeError(
             f"{path} is corrupt: its KV quantization settings (bits {bits!r}, group {group!r}, recent {recent!r}, "
-            f"sink {sink!r}) are not ones cake-cli writes (bits {', '.join(map(str, KV_BITS))})",
+            f"sink {sink!r}, value group {value_group!r}, rotation {rotation!r}) are not ones cake-cli writes "
+            f"(bits {', '.join(map(str, KV_BITS))})",
             _again(meta.source, path),
         )

@@ -18,9 +18,10 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from cake_cli import __version__
+from cake_cli.engine.cachefile import cache_from_tensors, cache_tensors, quantized_in_memory, value_coding_of
 from cake_cli.engine.cascade import LayerStats
 from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK, KV_BITS
-from cake_cli.engine.continuation import SavedCascade, cache_from_tensors, cache_tensors, quantized_in_memory
+from cake_cli.engine.continuation import SavedCascade
 from cake_cli.engine.families import attention_layout
 from cake_cli.engine.generate import Prefilled
 from cake_cli.engine.indicators import accumulates
@@ -32,7 +33,15 @@ from cake_cli.models.profiles import model_spec
 from cake_cli.tasks.request import Callbacks, Plan
 from cake_cli.tasks.results import CompressResult, human_bytes, summary_fields
 from cake_cli.tasks.runner import ReadyModel, ready_model
-from cake_cli.tasks.saved.fileformat import FORMAT, FORMAT_VERSION, META_KEY, CacheMeta, LayerMeta, blob_sha256
+from cake_cli.tasks.saved.fileformat import (
+    FORMAT,
+    FORMAT_VERSION,
+    META_KEY,
+    ROTATION,
+    CacheMeta,
+    LayerMeta,
+    blob_sha256,
+)
 from cake_cli.tasks.threads import Threads, choose
 
 DEFAULT_RECENT = 32  # tokens kept in the model's dtype when a --method full prefix (no window) is quantized
@@ -132,10 +141,11 @@ def save(compressed: Compressed, path: str | Path, bits: int = 16) -> int:
         CakeError: the file cannot be written (the old one, if any, is untouched), or keys/values that
             cannot be quantized (beyond float16's range).
     """
-    meta = quantized_meta(compressed.meta, bits)
+    meta = quantized_meta(compressed.meta, bits, value_coding_of(compressed.state.cache))
     try:
         cache = compressed.state.cache
-        tensors = cache_tensors(cache, bits, meta.kv_group or DEFAULT_KV_GROUP, meta.kv_recent, meta.kv_sink)
+        group = meta.kv_group or DEFAULT_KV_GROUP
+        tensors = cache_tensors(cache, bits, group, meta.kv_recent, meta.kv_sink, **meta.value_coding())
     except ValueError as exc:
         raise CakeError(f"cannot save the cache at {bits} bits ({exc})", "save it at --kv-bits 16") from None
     kv = sum(t.numel() * t.element_size() for name, t in tensors.items() if not name.startswith("positions."))
@@ -148,10 +158,12 @@ def save(compressed: Compressed, path: str | Path, bits: int = 16) -> int:
     return len(blob)
 
 
-def quantized_meta(meta: CacheMeta, bits: int) -> CacheMeta:
-    """The metadata of a file saved at `bits`: 16 (nothing quantized), or 8 / 4 / 2 with the default group, the
-    observation window's w tokens (32 for --method full) and the first `DEFAULT_KV_SINK` tokens (the attention
-    sinks, format 5) kept in the model's dtype (`engine.kvquant`).
+def quantized_meta(meta: CacheMeta, bits: int, coding: dict) -> CacheMeta:
+    """The metadata of a file saved at `bits`: 16 (nothing quantized), or 8 / 4 / 2 with the default key group,
+    the values coded as `coding` says (`cachefile.value_coding_of` the cache; format 6: Hadamard-rotated in groups
+    of `DEFAULT_KV_VALUE_GROUP` channels where that group divides the heads), the observation window's w tokens
+    (32 for --method full) and the first `DEFAULT_KV_SINK` tokens (the attention sinks, format 5) kept in the
+    model's dtype (`engine.kvquant`).
 
     Raises:
         CakeError: bits not in `engine.config.KV_BITS`.
@@ -159,9 +171,10 @@ def quantized_meta(meta: CacheMeta, bits: int) -> CacheMeta:
     if bits not in KV_BITS:
         raise CakeError(f"--kv-bits {bits} is not supported", f"choose one of {', '.join(map(str, KV_BITS))}")
     if bits == 16:
-        return replace(meta, kv_bits=16, kv_group=None, kv_recent=0, kv_sink=0)
+        return replace(meta, kv_bits=16, kv_group=None, kv_recent=0, kv_sink=0, kv_value_group=None, kv_rotation=None)
     recent = meta.window or DEFAULT_RECENT
-    return replace(meta, kv_bits=bits, kv_group=DEFAULT_KV_GROUP, kv_recent=recent, kv_sink=DEFAULT_KV_SINK)
+    values = dict(kv_value_group=coding["value_group"], kv_rotation=ROTATION if coding["rotated"] else None)
+    return replace(meta, kv_bits=bits, kv_group=DEFAULT_KV_GROUP, kv_recent=recent, kv_sink=DEFAULT_KV_SINK, **values)
 
 
 def held_quantized(compressed: Compressed, bits: int) -> Compressed:
@@ -172,11 +185,13 @@ def held_quantized(compressed: Compressed, bits: int) -> Compressed:
     Raises:
         CakeError: bits not in `engine.config.KV_BITS`, or keys/values that cannot be quantized.
     """
-    meta = quantized_meta(compressed.meta, bits)
+    meta = quantized_meta(compressed.meta, bits, value_coding_of(compressed.state.cache))
     if bits == 16:
         return compressed
     try:
-        state = quantized_in_memory(compressed.state, bits, meta.kv_group, meta.kv_recent, meta.kv_sink)
+        state = quantized_in_memory(
+            compressed.state, bits, meta.kv_group, meta.kv_recent, meta.kv_sink, **meta.value_coding()
+        )
     except ValueError as exc:
         raise CakeError(f"cannot hold the cache at {bits} bits ({exc})", "use --kv-bits 16") from None
     return replace(compressed, meta=meta, state=state)
@@ -206,8 +221,9 @@ def load(plan: Plan, cb: Callbacks, ready: ReadyModel | None = None) -> Compress
         group = meta.kv_group or DEFAULT_KV_GROUP
         n = len(meta.prefix_ids)
         cache = cache_from_tensors(
-            tensors, config.num_hidden_layers, n, loaded.device, windows, bits=meta.kv_bits, group=group, in_memory=True
-        )
+            tensors, config.num_hidden_layers, n, loaded.device, windows,
+            bits=meta.kv_bits, group=group, in_memory=True, **meta.value_coding(),
+        )  # fmt: skip
     except DamagedTensorError as exc:
         raise CakeError(f"{saved.name} is damaged ({exc})", again.replace("with this model: ", "")) from None
     except (ValueError, OSError, RuntimeError) as exc:
@@ -252,12 +268,13 @@ def smaller_files(compressed: Compressed, file_bytes: int) -> tuple[tuple[int, i
     now = meta.kv_bytes_file or meta.kv_bytes
     out = []
     for bits in (b for b in KV_BITS if b < meta.kv_bits):
-        q = quantized_meta(meta, bits)
+        q = quantized_meta(meta, bits, value_coding_of(compressed.state.cache))
         kv = 0
         for layer in cache.layers:
             for kind, x in (("keys", layer.keys), ("values", layer.values)):  # [1, H_kv, len, d]
                 _, heads, length, dim = x.shape
-                kv += entry_bytes(heads, length, dim, x.element_size(), kind, bits, q.kv_group, q.kv_recent, q.kv_sink)
+                group = q.kv_group if kind == "keys" else q.value_coding()["value_group"]
+                kv += entry_bytes(heads, length, dim, x.element_size(), kind, bits, group, q.kv_recent, q.kv_sink)
         out.append((bits, file_bytes - now + kv))
     return tuple(out)
 
@@ -281,6 +298,7 @@ def compress_result(compressed: Compressed, path: Path, file_bytes: int, load_se
     fields = summary_fields(loaded, compressed.ready.backend, meta.dtype, tokens, settings, engine, threads)
     extra = dict(path=str(path), file_bytes=file_bytes, method=meta.method, scoring=meta.scoring)
     extra.update(kv_bits=meta.kv_bits, kv_group=meta.kv_group, kv_bytes_file=meta.kv_bytes_file or meta.kv_bytes)
+    extra.update(kv_value_group=meta.value_coding()["value_group"], kv_rotation=meta.kv_rotation)
     extra.update(document_bytes=len(meta.used_text.encode("utf-8")))
     extra.update(smaller_files=smaller_files(compressed, file_bytes))
     return CompressResult(**fields, **extra, warnings=tuple(compressed.warnings))

@@ -3,11 +3,12 @@
 The protocol of `cake compress` (default `--scoring question`) then `cake qa FILE.cake Q`: each document's
 prompt prefix (the `qa` template up to the question) is prefilled once with no question and kept whole; at each
 bit width it is held as a .cake file of those bits holds it in memory (`tasks.saved.store.held_quantized`'s
-layout: keys in groups of `DEFAULT_KV_GROUP` tokens, values Hadamard-rotated in groups of `DEFAULT_KV_VALUE_GROUP`
-channels (format 6), the window's w tokens and the first `DEFAULT_KV_SINK` tokens exact, global layers
-quantized, `engine.kvmemory`; a layout's fourth field `vG` holds values unrotated in groups of G channels,
-format 5's `v32`, and `rG` rotated in groups of G); every question is then asked from that one cache, its CAKE
-eviction run with the question in the window at budget B (`continuation.continue_and_decode(evict=True)`), and scored as
+layout: keys in groups of `DEFAULT_KV_GROUP` tokens, values coded as `cachefile.value_coding_of` the cache says
+(format 6: Hadamard-rotated in groups of 64 channels on the Qwen models), the window's w tokens and the first
+`DEFAULT_KV_SINK` tokens exact, global layers quantized, `engine.kvmemory`; a layout's fourth field `vG` holds
+values unrotated in groups of G channels, format 5's `v32`, and `rG` rotated in groups of G); every question is
+then asked from that one cache, its CAKE eviction run with the question in the window at budget B
+(`continuation.continue_and_decode(evict=True)`), and scored as
 `cake bench quality --suite real` scores it (`bench.quality.real`). File bytes are those of the .cake's tensors.
 
 `--genres` adds the multi-genre suite's cases (`bench.genre_cases`: invented facts planted in real text) to the
@@ -52,8 +53,8 @@ from cake_cli.bench.real_docs import load_set, open_documents
 from cake_cli.bench.scoring import ABSTAIN_TASKS, exact_answer, score_answer
 from cake_cli.bench.suites import REAL_TASKS, REAL_TEMPLATE, TEMPLATES, CaseResult
 from cake_cli.cli.bench_options import configs_for
-from cake_cli.engine.cachefile import cache_tensors, quantized_in_memory
-from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK, DEFAULT_KV_VALUE_GROUP
+from cake_cli.engine.cachefile import cache_tensors, quantized_in_memory, value_coding_of
+from cake_cli.engine.config import DEFAULT_KV_GROUP, DEFAULT_KV_SINK
 from cake_cli.engine.continuation import continue_and_decode
 from cake_cli.engine.replay import record, replay
 from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
@@ -87,9 +88,9 @@ def main() -> None:
     parser.add_argument(
         "--layouts",
         default="16,4,2",
-        help="comma-separated BITS[/SINK[/RECENT[/VALUES]]] (defaults: the file's sink, the window, and r64: values "
-        "rotated in groups of 64 channels; v32: unrotated in groups of 32, format 5); the first is the reference of "
-        "the paired comparison",
+        help="comma-separated BITS[/SINK[/RECENT[/VALUES]]] (defaults: the file's sink, the window and values "
+        "coding; VALUES rG: rotated in groups of G channels, vG: unrotated, v32 is format 5's); the first is the "
+        "reference of the paired comparison",
     )
     parser.add_argument("--budgets", default="256", help="B, tokens per layer at question time, comma-separated")
     parser.add_argument("--method", default=None, help="question-time eviction method (default: the profile's)")
@@ -122,17 +123,17 @@ def run(args) -> None:
     documents, missing = open_documents(load_set(), wanted) if wanted else ([], [])  # none named: none, not all
     if missing:
         raise SystemExit(f"error: documents not installed: {', '.join(missing)}")
-    shipped = f"r{DEFAULT_KV_VALUE_GROUP}"
     layouts = [
         (int(x[0]), int(x[1]) if len(x) > 1 else DEFAULT_KV_SINK, int(x[2]) if len(x) > 2 else window,
-         x[3] if len(x) > 3 else shipped) for x in layouts
+         x[3] if len(x) > 3 else None) for x in layouts
     ]  # (bits, sink, recent, values)  # fmt: skip
     names = [
-        f"{b}" + ("" if (s, r, v) == (DEFAULT_KV_SINK, window, shipped) else f"/{s}/{r}/{v}") for b, s, r, v in layouts
+        f"{b}" + ("" if (s, r, v) == (DEFAULT_KV_SINK, window, None) else f"/{s}/{r}/{v or 'file'}")
+        for b, s, r, v in layouts
     ]
     method = configs[budgets[0]].indicator
     meta = dict(model=lm.name, dtype=str(lm.dtype), budgets=budgets, window=window, group=DEFAULT_KV_GROUP,
-                values=shipped, layouts=names, threads=args.threads, method=args.method, indicator=method)  # fmt: skip
+                values="file", layouts=names, threads=args.threads, method=args.method, indicator=method)  # fmt: skip
     genres = GenreSuite(tuple(args.genre_tasks.split(",")), tuple(g for g in args.genres.split(",") if g),
                         (args.genre_length,), tuple(float(d) for d in args.genre_depths.split(",")),
                         args.genre_repeats, args.seed)  # fmt: skip
@@ -160,7 +161,9 @@ def run(args) -> None:
         for name, (bits, sink, recent, values) in zip(names, layouts):
             if not any(t[1] == name for t in todo):
                 continue
-            coding = dict(value_group=int(values[1:]), rotated=values[0] == "r")
+            coding = value_coding_of(whole.cache) if values is None else dict(value_group=int(values[1:]),
+                                                                               rotated=values[0] == "r")  # fmt: skip
+            values = f"{'r' if coding['rotated'] else 'v'}{coding['value_group']}"
             held = (bits, DEFAULT_KV_GROUP, recent, sink)
             state = whole if bits == 16 else quantized_in_memory(whole, *held, **coding)
             size = len(save_tensors(cache_tensors(whole.cache, *held, **coding)))

@@ -15,7 +15,6 @@ KV_BITS = (16, 8, 4, 2)  # bits per saved key/value: 16 = the model's dtype, 8 /
 DEFAULT_KV_SINK = 4  # first tokens of a layer kept exact in a quantized file (format 5; benchmarks/cache.md)
 DEFAULT_KV_GROUP = 32  # entries per quantization group (KIVI's group size): keys' tokens
 DEFAULT_KV_VALUE_GROUP = 64  # channels per value group of a rotated file (format 6; `kvquant`, benchmarks/cache.md)
-# how a quantized file's values are coded (format 6), as `engine.continuation`'s keyword arguments
 
 
 class ConfigError(ValueError):

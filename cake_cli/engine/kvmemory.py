@@ -58,7 +58,7 @@ class QuantLayer(CakeLayer):
     Attributes:
         bits: 8, 4 or 2. group: G, entries per key group (tokens). width: d, the head dimension.
         value_group: channels per value group (format 6: 64; before, G). rotated: the values were quantized
-            Hadamard-rotated (format 6, `kvquant.rotate`): dequantizing undoes it.
+            Hadamard-rotated (format 6, `kvquant` "Rotated values"): dequantizing undoes it.
         sink: the first s slots [1, H_kv, s, d] keys and values in the model's dtype (format 5), or None.
         parts: {"keys": {...}, "values": {...}} each {"codes": [H_kv, m, ceil(d · bits / 8)] uint8, "scale"
             and "zero" float16 (keys [H_kv, groups, d], values [H_kv, m, ceil(d / G)])}, `kvquant`'s layout.

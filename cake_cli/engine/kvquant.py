@@ -50,6 +50,7 @@ float32 whatever order a matrix product adds them in) and H 1 = √G · e_0 (the
 the others sum to 0). So each row's values are an elementwise function of its own codes: the same bits whether
 a row is dequantized alone or in a block, after any eviction, in the file's path or in memory, and one small
 matrix product instead of log2(G) passes.
+
 A loaded cache keeps these parts in memory (`engine.kvmemory.QuantLayer`: global, non-ragged layers);
 local and ragged layers are dequantized to the model's dtype.
 """

@@ -137,7 +137,7 @@ class CacheMeta:
         return self.scoring == "question" or self.method == "full"
 
     def value_coding(self) -> dict:
-        """The keyword arguments `engine.continuation` takes for how this file's values are coded: value_group
+        """The keyword arguments `engine.cachefile` takes for how this file's values are coded: value_group
         (channels per group) and rotated (`kv_rotation` is "hadamard")."""
         return {"value_group": self.kv_value_group or self.kv_group, "rotated": self.kv_rotation == ROTATION}
 

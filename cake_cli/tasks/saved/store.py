@@ -141,7 +141,7 @@ def save(compressed: Compressed, path: str | Path, bits: int = 16) -> int:
         CakeError: the file cannot be written (the old one, if any, is untouched), or keys/values that
             cannot be quantized (beyond float16's range).
     """
-    meta = quantized_meta(compressed.meta, bits, value_coding_of(compressed.state.cache))
+    meta = quantized_meta(compressed, bits)
     try:
         cache = compressed.state.cache
         group = meta.kv_group or DEFAULT_KV_GROUP
@@ -158,21 +158,23 @@ def save(compressed: Compressed, path: str | Path, bits: int = 16) -> int:
     return len(blob)
 
 
-def quantized_meta(meta: CacheMeta, bits: int, coding: dict) -> CacheMeta:
-    """The metadata of a file saved at `bits`: 16 (nothing quantized), or 8 / 4 / 2 with the default key group,
-    the values coded as `coding` says (`cachefile.value_coding_of` the cache; format 6: Hadamard-rotated in groups
-    of `DEFAULT_KV_VALUE_GROUP` channels where that group divides the heads), the observation window's w tokens
-    (32 for --method full) and the first `DEFAULT_KV_SINK` tokens (the attention sinks, format 5) kept in the
-    model's dtype (`engine.kvquant`).
+def quantized_meta(compressed: Compressed, bits: int) -> CacheMeta:
+    """The metadata of `compressed` saved at `bits`: 16 (nothing quantized), or 8 / 4 / 2 with the default key
+    group, the values coded as `cachefile.value_coding_of` its cache says (format 6: Hadamard-rotated in groups of
+    `DEFAULT_KV_VALUE_GROUP` channels where that group divides the heads), the observation window's w tokens (32
+    for --method full) and the first `DEFAULT_KV_SINK` tokens (the attention sinks, format 5) kept in the model's
+    dtype (`engine.kvquant`).
 
     Raises:
         CakeError: bits not in `engine.config.KV_BITS`.
     """
     if bits not in KV_BITS:
         raise CakeError(f"--kv-bits {bits} is not supported", f"choose one of {', '.join(map(str, KV_BITS))}")
+    meta = compressed.meta
     if bits == 16:
         return replace(meta, kv_bits=16, kv_group=None, kv_recent=0, kv_sink=0, kv_value_group=None, kv_rotation=None)
     recent = meta.window or DEFAULT_RECENT
+    coding = value_coding_of(compressed.state.cache)
     values = dict(kv_value_group=coding["value_group"], kv_rotation=ROTATION if coding["rotated"] else None)
     return replace(meta, kv_bits=bits, kv_group=DEFAULT_KV_GROUP, kv_recent=recent, kv_sink=DEFAULT_KV_SINK, **values)
 
@@ -185,7 +187,7 @@ def held_quantized(compressed: Compressed, bits: int) -> Compressed:
     Raises:
         CakeError: bits not in `engine.config.KV_BITS`, or keys/values that cannot be quantized.
     """
-    meta = quantized_meta(compressed.meta, bits, value_coding_of(compressed.state.cache))
+    meta = quantized_meta(compressed, bits)
     if bits == 16:
         return compressed
     try:
@@ -268,7 +270,7 @@ def smaller_files(compressed: Compressed, file_bytes: int) -> tuple[tuple[int, i
     now = meta.kv_bytes_file or meta.kv_bytes
     out = []
     for bits in (b for b in KV_BITS if b < meta.kv_bits):
-        q = quantized_meta(meta, bits, value_coding_of(compressed.state.cache))
+        q = quantized_meta(compressed, bits)
         kv = 0
         for layer in cache.layers:
             for kind, x in (("keys", layer.keys), ("values", layer.values)):  # [1, H_kv, len, d]

@@ -117,14 +117,7 @@ class CakeLayer(DynamicLayer):
         one `index_fill_`: a decode step writes every evicting layer, so each tensor operation's dispatch
         counts (about half the cost of indexed writes on the project's CPU)."""
         free, positions, heads = self.free, self.positions, self.free.shape[0]
-        for cache, new in ((self.keys, key_states), (self.values, value_states)):
-            rows = _as_rows(cache)
-            if rows is None:
-                index = (torch.zeros_like(free), torch.arange(heads, device=free.device), free)
-                cache.index_put_(index, new[0, :, 0])  # [1, H_kv, slots, d]
-            else:
-                view, head_rows = rows
-                view.index_copy_(1, free + _head_rows(heads, head_rows, free.device), new)
+        self._write_rows(key_states, value_states)
         if not positions.is_contiguous():  # e.g. the first update's positions, one row expanded to every head
             positions = self.positions = positions.contiguous()
         positions.view(-1).index_fill_(0, free + _head_rows(heads, positions.shape[1], free.device), self.seen)
@@ -133,6 +126,18 @@ class CakeLayer(DynamicLayer):
         self.free = None
         self.seen += 1
         self.slot_written = self.seen
+
+    def _write_rows(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """The keys and values of `_write_released`: row free[h] of each head h <- the new token [1, H_kv, 1, d]."""
+        free, heads = self.free, self.free.shape[0]
+        for cache, new in ((self.keys, key_states), (self.values, value_states)):
+            rows = _as_rows(cache)
+            if rows is None:
+                index = (torch.zeros_like(free), torch.arange(heads, device=free.device), free)
+                cache.index_put_(index, new[0, :, 0])  # [1, H_kv, slots, d]
+            else:
+                view, head_rows = rows
+                view.index_copy_(1, free + _head_rows(heads, head_rows, free.device), new)
 
     def _append_one(self, key_states: torch.Tensor, value_states: torch.Tensor):
         """Append one decoded token into spare capacity instead of concatenating: a concatenation

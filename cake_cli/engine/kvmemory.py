@@ -21,8 +21,8 @@ dequantized to full tensors once (`kvquant.dequantize_entry`: the same float32 a
 
 **Where we differ from KIVI.** (1) Tokens added after loading are not quantized in groups of R as the
 residual fills (KIVI's streaming step): an answer is short next to the document, so they stay in full
-precision. (2) Eviction (the `fixed` decode policy, a question's CAKE eviction of a prefix kept whole,
-H2O's accumulation) removes slots physically (`keep`): a value row leaves with its scale and zero; a key
+precision. (2) A question's CAKE eviction of a prefix kept whole (and any eviction of several tokens at
+once) removes slots physically (`keep`): a value row leaves with its scale and zero; a key
 keeps its per-channel group's scale and zero, so each slot remembers its group (`group_of` [H_kv, m]
 int32, made at the first eviction from the quantized slots; a group's scale and zero stay until no KV head
 holds one of its slots). When the KV heads of a layer drop different numbers of quantized slots, the extra
@@ -30,7 +30,11 @@ quantized slots of the heads that kept more move to the residual as their dequan
 values a dequantized cache holds), at most H_kv - 1 slots per step. Sink slots that every head keeps in
 equal numbers stay the sink; when the heads keep different numbers of them (a head evicted one), the layer's
 kept slots all move to the residual, dequantized: exact and in position order, at the memory of a
-dequantized layer (measured in `nbytes`).
+dequantized layer (measured in `nbytes`). (3) The `fixed` decode policy's one eviction a step removes
+nothing: as in a full-precision layer, the next token takes the released slot, its row laid over the slot
+(`written`, `_write_rows`), so a decode step copies no quantized part and the keys and values attention sees
+are the reference's (the same cache dequantized once, decoded as a full-precision layer) in the same slot
+order. A later `keep` holds the layer dequantized (exact; no decode step calls one).
 
 **Not quantized in memory** (held in the model's dtype, as a loaded file was before): local
 (sliding-window) layers, which hold at most window - 1 tokens, and layers whose KV heads hold different
@@ -73,6 +77,7 @@ class QuantLayer(CakeLayer):
         self.parts: dict[str, dict[str, torch.Tensor]] = {}
         self.group_of: torch.Tensor | None = None
         self.sink: tuple[torch.Tensor, torch.Tensor] | None = None  # [1, H_kv, s, d] keys, values (format 5)
+        self.written: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # decode's rows (`_write_rows`)
 
     @classmethod
     def from_parts(
@@ -114,6 +119,7 @@ class QuantLayer(CakeLayer):
         out.width, out.positions, out.seen = self.width, self.positions.clone(), self.seen
         out.group_of = None if self.group_of is None else self.group_of.clone()
         out.sink = None if self.sink is None else tuple(t.clone() for t in self.sink)
+        out.written = None if self.written is None else tuple(t.clone() for t in self.written)
         out.accumulates, out.scores = self.accumulates, None if self.scores is None else self.scores.clone()
         return out
 
@@ -144,6 +150,11 @@ class QuantLayer(CakeLayer):
         self.dequantized_into(out[:, :, s : s + m])
         out[0, :, s + m :].copy_(self.keys[0])
         out[1, :, s + m :].copy_(self.values[0])
+        if self.written is not None:  # decode's tokens over the slots they took (duplicate slots hold equal rows)
+            slots, keys, values = self.written
+            index = slots.unsqueeze(-1).expand(-1, -1, d)  # [H_kv, p, d]
+            out[0].scatter_(1, index, keys[0])
+            out[1].scatter_(1, index, values[0])
         return out[0:1], out[1:2]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -152,11 +163,27 @@ class QuantLayer(CakeLayer):
         super().update(key_states, value_states)
         return self.whole()
 
-    def release(self, slot: torch.Tensor) -> None:
-        """Evict one slot per KV head [H_kv] now (no slot is overwritten in place: a quantized slot cannot take
-        a full-precision token); the next token is appended to the residual."""
-        self.free = slot
-        self.compact()
+    def _write_rows(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """A decode token [1, H_kv, 1, d] into the released slot free[h] of each head h (`CakeLayer.release`): a
+        quantized slot cannot take a full-precision row, so the row goes to `written` (slots [H_kv, p] int64, keys
+        and values [1, H_kv, p, d] in the model's dtype), which `whole` lays over the slots. Every row a head
+        already wrote to that slot is overwritten; when some head had none there, a column is added (the other
+        heads' entries in it repeat their slot and row, so duplicates always hold equal rows). No slot moves, so
+        the layer keeps the slot order and the positions tensor of a full-precision layer (`FixedDecode`
+        trusts it from step to step) and a step copies no quantized part; `written` grows by at most one row a
+        head per decoded token."""
+        free = self.free.unsqueeze(1)  # [H_kv, 1]
+        if self.written is None:
+            self.written = (free.clone(), key_states.clone(), value_states.clone())
+            return
+        slots, keys, values = self.written
+        hit = slots == free  # [H_kv, p]
+        over = hit.unsqueeze(0).unsqueeze(-1)  # [1, H_kv, p, 1]
+        keys, values = torch.where(over, key_states, keys), torch.where(over, value_states, values)
+        if not bool(hit.any(dim=1).all()):
+            slots = torch.cat([slots, free], dim=1)
+            keys, values = torch.cat([keys, key_states], dim=2), torch.cat([values, value_states], dim=2)
+        self.written = (slots, keys, values)
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only the slots `index` [H_kv, k] (int64, ascending per head) of each KV head (module docstring).
@@ -166,6 +193,10 @@ class QuantLayer(CakeLayer):
         quantized ones dequantized (exact). When the heads keep different numbers of sink slots, every kept slot
         joins the residual, dequantized (exact, slots in position order, at the memory of a dequantized layer)."""
         index = index.to(self.keys.device)
+        if self.written is not None:  # slots a decode wrote: the layer is held dequantized from here on (exact)
+            self.keys, self.values = self.whole()
+            self.parts = {kind: {p: t[:, :0] for p, t in entry.items()} for kind, entry in self.parts.items()}
+            self.sink, self.group_of, self.written = None, None, None
         s = self.sunk()
         sunk = (index < s).sum(dim=1)  # [H_kv] kept sink slots per head
         kept_sink = int(sunk.min()) if index.shape[1] else 0
@@ -223,12 +254,14 @@ class QuantLayer(CakeLayer):
                 self.parts[kind][name] = t.gather(1, index.unsqueeze(-1).expand(-1, -1, t.shape[-1]))
 
     def live(self) -> int:
-        """Tokens held per KV head: sink + quantized + residual."""
-        return self.sunk() + self.quantized() + (self.keys.shape[-2] if self.keys is not None else 0)
+        """Tokens held per KV head: sink + quantized + residual, less a released slot."""
+        held = self.sunk() + self.quantized() + (self.keys.shape[-2] if self.keys is not None else 0)
+        return held - (1 if self.free is not None else 0)
 
     def nbytes(self) -> int:
         """Bytes held by the quantized parts (codes, scales, zeros, `group_of`) and the residual, measured."""
         held = [t for entry in self.parts.values() for t in entry.values()] + [self.keys, self.values]
         held += [] if self.group_of is None else [self.group_of]
         held += [] if self.sink is None else list(self.sink)
+        held += [] if self.written is None else list(self.written)
         return sum(t.numel() * t.element_size() for t in held)

@@ -71,7 +71,7 @@ def test_decode_equals_the_dequantized_reference(models, arch, bits, sink, codin
     want, want_logits = answer(model, reference, prefix, suffix, config)
     assert got.token_ids == want.token_ids and len(got_logits) == len(want_logits) == 7
     for a, b in zip(got_logits, want_logits):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert torch.equal(a, b)  # the same keys and values in the same slots: the same logits, bit for bit
     assert held.cache.lengths() == reference.cache.lengths()
 
 
@@ -110,6 +110,35 @@ def test_saved_4bit_file_answers_as_the_cache_quantized_in_process(models):
     want, want_logits = answer(model, there, prefix, suffix, config)
     assert got.token_ids == want.token_ids
     assert all(torch.equal(a, b) for a, b in zip(got_logits, want_logits))
+
+
+def test_fixed_decode_writes_released_slots_and_copies_no_quantized_part(models):
+    model = models["qwen2"]
+    use_cake_attention(model, "sdpa")
+    prefix, suffix = ids(9, 80), ids(10, 5)
+    config = CakeConfig(budget=30, window=WINDOW, decode_policy="fixed")
+    held = quantized_in_memory(prefill(model, prefix, config), 4, GROUP, recent=WINDOW, sink=3, **ROTATED)
+    cont = extend(model, held, suffix)
+    quantized = [(layer, {k: dict(e) for k, e in layer.parts.items()}) for layer in cont.cache.layers]
+    quantized = [(layer, parts) for layer, parts in quantized if isinstance(layer, QuantLayer) and parts]
+    before = {id(layer): layer.live() for layer, _ in quantized}
+    steps = 8
+    decode(model, torch.cat([prefix, suffix], dim=1), cont, config, max_new_tokens=steps,
+           capacity=continuation_capacity(config, True, cont.lengths))  # fmt: skip
+    assert quantized and all(layer.written is None for layer in held.cache.layers if isinstance(layer, QuantLayer))
+    for layer, parts in quantized:
+        assert all(layer.parts[k][p] is t for k in parts for p, t in parts[k].items())  # no quantized part copied
+        slots, keys, values = layer.written  # one row a head per token written into a released slot
+        assert 0 < slots.shape[1] <= steps and keys.shape == values.shape == (1, slots.shape[0], slots.shape[1], 8)
+        assert layer.live() <= before[id(layer)] + 1  # the layer holds its capacity (+1 between steps), not more
+        whole = layer.whole()[0][0]  # [H_kv, slots, d]: each written slot shows the row written last
+        assert torch.equal(whole.gather(1, slots.unsqueeze(-1).expand(-1, -1, 8)), keys[0])
+        assert layer.nbytes() == expected_bytes(layer, 4) + sum(t.numel() * t.element_size() for t in layer.written)
+        keys, values = layer.whole()
+        index = torch.arange(2, keys.shape[2]).expand(keys.shape[1], -1)  # [H_kv, k - 2]: a later eviction
+        layer.keep(index)  # held dequantized from here: the same rows, exact
+        assert layer.written is None and layer.quantized() == 0 and layer.sunk() == 0
+        assert torch.equal(layer.whole()[0], keys[:, :, 2:]) and torch.equal(layer.whole()[1], values[:, :, 2:])
 
 
 def expected_bytes(layer, bits: int) -> int:

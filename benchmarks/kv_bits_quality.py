@@ -62,6 +62,7 @@ from cake_cli.tasks.runner import load_ready, prompt_limit, stop_token_ids
 from cake_cli.tasks.templates import load_template
 
 TARGETS = ((0.32, -2.0), (0.2, -3.0))  # issue 47: (file size at most this x the first layout's, lower bound, points)
+DEFAULT_SEED = 7  # the genre cases' seed of the first runs; their ids carry no seed
 
 
 class Asked(NamedTuple):
@@ -84,7 +85,8 @@ def main() -> None:
     parser.add_argument("--genre-length", type=int, default=8192, help="--genres: prompt length, tokens")
     parser.add_argument("--genre-depths", default="0.25,0.75", help="--genres: fact depths, comma-separated")
     parser.add_argument("--genre-repeats", type=int, default=3, help="--genres: cases per (task, genre, depth)")
-    parser.add_argument("--seed", type=int, default=7, help="--genres: seed of the facts and haystack offsets")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help="--genres: seed of the facts and haystack offsets (others: other cases)")  # fmt: skip
     parser.add_argument(
         "--layouts",
         default="16,4,2",
@@ -211,24 +213,30 @@ def _genre_groups(model: Model, suite: GenreSuite) -> list[tuple[str, list[Asked
         asked = []
         for case in cases:
             ids = prompt_ids(model, case)
-            scored = lambda *a, case=case, n=len(ids): _genre_row(case, n, *a)  # noqa: E731
-            asked.append(Asked(_genre_id(case), ids, scored, load_template(TEMPLATES[case.task]).max_new_tokens))
+            scored = lambda *a, case=case, n=len(ids): _genre_row(case, n, suite.seed, *a)  # noqa: E731
+            asked.append(Asked(_genre_id(case, suite.seed), ids, scored,
+                               load_template(TEMPLATES[case.task]).max_new_tokens))  # fmt: skip
         other = replace(cases[0], question=cases[0].question + " Answer briefly.")
         asked.append(Asked("(prefix)", prompt_ids(model, other), None, 0))
-        groups.append((f"genre:{_genre_id(cases[0])}", asked))
+        groups.append((f"genre:{_genre_id(cases[0], suite.seed)}", asked))
     return groups
 
 
-def _genre_id(case) -> str:
-    """A genre case's id with its task ("m-each/code/d50-n1"): the suite's ids repeat across tasks."""
-    return f"{case.task}/{case.case_id}"
+def _genre_id(case, seed: int) -> str:
+    """A genre case's id with its task ("m-each/code/d50-n1"): the suite's ids repeat across tasks; under another
+    seed than the default they also repeat across runs, so the seed is part of the id ("m-each/code/d50-n1@s11")
+    and runs of several seeds pool in one report."""
+    return f"{case.task}/{case.case_id}" + ("" if seed == DEFAULT_SEED else f"@s{seed}")
 
 
-def _genre_row(case, tokens: int, text: str, budget: int, config, seconds: float, abstain: str) -> CaseResult:
+def _genre_row(
+    case, tokens: int, seed: int, text: str, budget: int, config, seconds: float, abstain: str
+) -> CaseResult:
     """The scored row of a genre case's reply (the suite's own scoring; no abstention rule applies)."""
     score = score_answer(case.task, text, case.references, case.keywords)
     return CaseResult(
-        task=case.task, case_id=_genre_id(case), split=case.split, length=case.length, method="file", budget=budget,
+        task=case.task, case_id=_genre_id(case, seed), split=case.split, length=case.length, method="file",
+        budget=budget,
         prompt_tokens=tokens, depth=case.depth, score=round(score, 6),
         exact=exact_answer(case.task, text, case.references, case.keywords), prediction=text,
         tau1=config.tau1, tau2=config.tau2, seconds=round(seconds, 3), record_seconds=0.0, source=case.source,

@@ -51,8 +51,9 @@ def kv_bits_option(help_text: str):
 
 KvBits = kv_bits_option(
     "Bits per key/value in the .cake file: 16 = the model's dtype; 8, 4 or 2 = grouped affine quantization "
-    "(KIVI: keys per channel, values per token, groups of 32, the first 4 tokens and the observation window "
-    "kept exact; 2 bits loses more answers, see benchmarks/cache.md). The file "
+    "(KIVI: keys per channel in groups of 32 tokens, values per token in Hadamard-rotated groups of 64 "
+    "channels, the first 4 tokens and the observation window kept exact; 2 bits loses more answers, see "
+    "benchmarks/cache.md). The file "
     "shrinks, and so does memory while answering: a loaded file keeps its global layers quantized "
     "(local sliding-window layers and per-head-length layers are dequantized)."
 )

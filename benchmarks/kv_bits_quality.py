@@ -246,8 +246,9 @@ def _genre_row(
 
 def print_report(runs: list[dict], abstain: str = DEFAULT_ABSTAIN) -> None:
     """Markdown tables of finished runs (merged by cell; the same layouts first to last) and the target lines,
-    every stored reply scored again as `cake qa --abstain abstain` shows it (`abstention.rescore`)."""
-    names = runs[0]["meta"]["layouts"]
+    every stored reply scored again as `cake qa --abstain abstain` shows it (`abstention.rescore`). The layouts are
+    those every run has (the first run's order); a question is counted where it has all of them."""
+    names = [n for n in runs[0]["meta"]["layouts"] if all(n in run["meta"]["layouts"] for run in runs)]
     stored = [r for run in runs for r in run["rows"]]
     # Genre-suite rows have no abstention rule, and a middle-cut document's rows cannot be rescored: both as stored.
     again = [r["task"] in REAL_TASKS and r["task"] != "real-cut" for r in stored]
@@ -282,7 +283,7 @@ def print_report(runs: list[dict], abstain: str = DEFAULT_ABSTAIN) -> None:
             ratio = sum(files[f"{d}/{name}"] for d in docs) / sum(files[f"{d}/{names[0]}"] for d in docs)
             others = [i for i in range(len(mine)) if i not in set(answerable)]
             diffs = [a - b for a, b in zip(exact, base)]
-            wtl = f"{sum(d > 0 for d in diffs)} / {sum(d == 0 for d in diffs)} / {sum(d < 0 for d in diffs)}"
+            wtl = _moves(diffs)
             ci = paired_interval(exact, base)
             shown = "–" if name == names[0] else f"{100 * ci.mean:+.1f} [{100 * ci.low:+.1f}, {100 * ci.high:+.1f}]"
             score = 100 * sum(r["score"] for r in mine) / len(mine)
@@ -295,9 +296,21 @@ def print_report(runs: list[dict], abstain: str = DEFAULT_ABSTAIN) -> None:
                                  f"(target <= {size}x) and its exact answers differ by {100 * ci.mean:+.1f} "
                                  f"[{100 * ci.low:+.1f}, {100 * ci.high:+.1f}] on {len(questions)} questions "
                                  f"(target: lower bound >= {bound:+.0f})")  # fmt: skip
+        for name in names[1:]:  # where the answers that moved come from
+            kinds = {"real questions": [], "genre-suite facts": []}
+            for q, r in zip(questions, ref):
+                moved = float(rows[(*q, name, budget)]["exact"]) - float(r["exact"])
+                kinds["real questions" if r["task"] in REAL_TASKS else "genre-suite facts"].append(moved)
+            print(f"{name} against {names[0]}, better / same / worse: "
+                  + "; ".join(f"{k} {_moves(v)}" for k, v in kinds.items() if v))  # fmt: skip
     print()
     for line in lines:
         print(line)
+
+
+def _moves(diffs: list[float]) -> str:
+    """The better / same / worse counts of paired differences."""
+    return f"{sum(d > 0 for d in diffs)} / {sum(d == 0 for d in diffs)} / {sum(d < 0 for d in diffs)}"
 
 
 def _pct(values: list[float], idx: list[int]) -> str:

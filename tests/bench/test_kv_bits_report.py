@@ -43,3 +43,18 @@ def test_report_pools_genre_cases_with_real_questions_and_rescores_only_the_real
     assert "| 4 | 66.7 | 66.7 | 66.7 | – | 0 / 2 / 1 | -33.3 [-100.0, +0.0] | 0.300 |" in out
     assert "FAIL B=256: the 4-bit file is 0.300x the 16-bit one (target <= 0.32x) and its exact answers differ by " \
         "-33.3 [-100.0, +0.0] on 3 questions (target: lower bound >= -2)" in out  # fmt: skip
+    assert "4 against 16, better / same / worse: real questions 0 / 1 / 0; genre-suite facts 0 / 1 / 1" in out
+
+
+def test_report_pools_runs_over_the_layouts_they_share(capsys):
+    first = {"meta": {**META, "layouts": ["16", "4", "4/4/32/v32"]}, "files": {"a/16": 1000, "a/4": 300,
+             "a/4/4/32/v32": 320}, "rows": [genre_row("a", n, 1.0) for n in ("16", "4", "4/4/32/v32")]}  # fmt: skip
+    second = {"meta": META, "files": {"b/16": 1000, "b/4": 300},
+              "rows": [genre_row("b", "16", 1.0), genre_row("b", "4", 0.0)]}  # fmt: skip
+    for row in first["rows"] + second["rows"]:
+        row["source"] = row["case_id"]
+    kv_bits_quality.print_report([first, second], "foreign")
+    out = capsys.readouterr().out
+    assert "B = 256: 2 questions (2 answerable) on 2 documents; 2 of them genre-suite cases on 0" in out
+    assert "| 4 | 50.0 | 50.0 | 50.0 | – | 0 / 1 / 1 | -50.0 [-100.0, +0.0] | 0.300 |" in out
+    assert "4/4/32/v32" not in out  # the second run has no such layout

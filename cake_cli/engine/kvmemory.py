@@ -259,7 +259,8 @@ class QuantLayer(CakeLayer):
         return held - (1 if self.free is not None else 0)
 
     def nbytes(self) -> int:
-        """Bytes held by the quantized parts (codes, scales, zeros, `group_of`) and the residual, measured."""
+        """Bytes held by the quantized parts (codes, scales, zeros, `group_of`), the sink, the residual and the rows
+        a decode wrote (`written`), measured."""
         held = [t for entry in self.parts.values() for t in entry.values()] + [self.keys, self.values]
         held += [] if self.group_of is None else [self.group_of]
         held += [] if self.sink is None else list(self.sink)

@@ -21,7 +21,8 @@ settings resumes (cells already answered are kept). `--report A.json[,B.json]` p
 runs (merged: e.g. one run per budget) without loading a model: per budget and layout the score, exact accuracy,
 answerable and abstention accuracy, and the paired bootstrap interval (by question, `bench.bootstrap`) of exact
 accuracy minus the first layout's, with issue 47's target lines (a file at most 0.32x of the first within -2
-points at the interval's lower bound; a 2-bit file at most 0.2x within -3).
+points at the interval's lower bound; a 2-bit file at most 0.2x within -3). `--override C.json` puts the replies
+of another run (e.g. one layout asked again after a change to the code) in place of the same cells' replies.
 
     python benchmarks/kv_bits_quality.py --documents python-shlex --questions 3 \
         -o benchmarks/runs/kv-bits-quality-smoke.json
@@ -99,6 +100,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("-o", "--output", type=Path, help="JSON: settings and every answer (resumed if it exists)")
     parser.add_argument("--report", default=None, help="print the tables of these finished runs (comma-separated)")
+    parser.add_argument("--override", default="", help="--report: these runs' replies replace the same cells'")
     parser.add_argument(
         "--abstain",
         default=DEFAULT_ABSTAIN,
@@ -106,8 +108,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.report:
-        runs = [json.loads(Path(f).read_text()) for f in args.report.split(",")]
-        return print_report(runs, args.abstain)
+        read = [[json.loads(Path(f).read_text()) for f in x.split(",") if f] for x in (args.report, args.override)]
+        runs, newer = read
+        return print_report(runs, args.abstain, newer)
     if args.output is None:
         raise SystemExit("error: give -o FILE.json (or --report FILES to print finished runs)")
     run(args)
@@ -150,7 +153,7 @@ def run(args) -> None:
             raise SystemExit(f"error: {args.output} holds a run with other settings; give another -o")
         rows, files = old["rows"], old["files"]
         print(f"resuming {args.output}: {len(rows)} answers kept", flush=True)
-    done = {(r["source"], r["case_id"], r["layout"], r["budget"]) for r in rows}
+    done = {_cell(r) for r in rows}
     for source, asked in _real_groups(model, documents, args.questions, new_tokens) + _genre_groups(model, genres):
         todo = [(a, n, b) for a in asked if a.scored for n in names for b in budgets
                 if (source, a.id, n, b) not in done]  # fmt: skip
@@ -244,17 +247,22 @@ def _genre_row(
     )  # fmt: skip
 
 
-def print_report(runs: list[dict], abstain: str = DEFAULT_ABSTAIN) -> None:
+def print_report(runs: list[dict], abstain: str = DEFAULT_ABSTAIN, overrides: Sequence[dict] = ()) -> None:
     """Markdown tables of finished runs (merged by cell; the same layouts first to last) and the target lines,
     every stored reply scored again as `cake qa --abstain abstain` shows it (`abstention.rescore`). The layouts are
-    those every run has (the first run's order); a question is counted where it has all of them."""
+    those every run has (the first run's order); a question is counted where it has all of them. `overrides`:
+    runs whose replies take the place of the same (question, layout, budget) cells' (the count is printed)."""
     names = [n for n in runs[0]["meta"]["layouts"] if all(n in run["meta"]["layouts"] for run in runs)]
     stored = [r for run in runs for r in run["rows"]]
+    newer = {_cell(r): r for run in overrides for r in run["rows"]}
+    if newer:
+        print(f"{sum(_cell(r) in newer for r in stored)} stored replies replaced by the override runs'")
+        stored = [newer.get(_cell(r), r) for r in stored]
     # Genre-suite rows have no abstention rule, and a middle-cut document's rows cannot be rescored: both as stored.
     again = [r["task"] in REAL_TASKS and r["task"] != "real-cut" for r in stored]
     rows_again = [r for r, a in zip(stored, again) if a]
     rescored = rescore(rows_again, abstain, *rescore_inputs(rows_again)) + [r for r, a in zip(stored, again) if not a]
-    rows = {(r["source"], r["case_id"], r["layout"], r["budget"]): r for r in rescored}
+    rows = {_cell(r): r for r in rescored}
     files = {k: v for run in runs for k, v in run["files"].items()}
     budgets = sorted({k[3] for k in rows})
     meta = runs[0]["meta"]
@@ -306,6 +314,11 @@ def print_report(runs: list[dict], abstain: str = DEFAULT_ABSTAIN) -> None:
     print()
     for line in lines:
         print(line)
+
+
+def _cell(row: dict) -> tuple:
+    """(document, question, layout, budget): the cell a reply answers."""
+    return row["source"], row["case_id"], row["layout"], row["budget"]
 
 
 def _moves(diffs: list[float]) -> str:

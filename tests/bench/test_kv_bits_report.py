@@ -58,3 +58,15 @@ def test_report_pools_runs_over_the_layouts_they_share(capsys):
     assert "B = 256: 2 questions (2 answerable) on 2 documents; 2 of them genre-suite cases on 0" in out
     assert "| 4 | 50.0 | 50.0 | 50.0 | – | 0 / 1 / 1 | -50.0 [-100.0, +0.0] | 0.300 |" in out
     assert "4/4/32/v32" not in out  # the second run has no such layout
+
+
+def test_override_runs_replace_the_same_cells_replies(capsys):
+    run = {"meta": META, "files": {"a/16": 1000, "a/4": 300},
+           "rows": [genre_row("a", "16", 1.0), genre_row("a", "4", 1.0)]}  # fmt: skip
+    again = {"meta": {**META, "layouts": ["4"]}, "files": {"a/4": 300}, "rows": [genre_row("a", "4", 0.0)]}
+    for row in run["rows"] + again["rows"]:
+        row["source"] = row["case_id"]
+    kv_bits_quality.print_report([run], "foreign", [again])
+    out = capsys.readouterr().out
+    assert "1 stored replies replaced by the override runs'" in out
+    assert "| 4 | 0.0 | 0.0 | 0.0 | – | 0 / 0 / 1 | -100.0 [-100.0, -100.0] | 0.300 |" in out

@@ -6,7 +6,8 @@ its decode runs twice: as shipped (the next token takes the released slot, `Quan
 the comparison, with the eviction before it (the released slot removed at once, every quantized part copied:
 `QuantLayer.release` as it was, patched in for that case only). The cases alternate, `--rounds` times after a
 warm-up, so a busy machine slows each alike; prints the median ms a decode step and tok/s of each, and whether
-each 4-bit case decoded the same tokens as the shipped one (they should: the same keys and values).
+each 4-bit case decoded the same tokens as the shipped one (the same keys and values in another slot order:
+rounding may part them).
 
     python benchmarks/kv_bits_decode.py --tokens 8192 --budget 1024 --steps 32 --rounds 3 --threads 2
 """

@@ -193,27 +193,27 @@ class QuantLayer(CakeLayer):
         quantized ones dequantized (exact). When the heads keep different numbers of sink slots, every kept slot
         joins the residual, dequantized (exact, slots in position order, at the memory of a dequantized layer)."""
         index = index.to(self.keys.device)
-        if self.written is not None:  # slots a decode wrote: the layer is held dequantized from here on (exact)
-            self.keys, self.values = self.whole()
-            self.parts = {kind: {p: t[:, :0] for p, t in entry.items()} for kind, entry in self.parts.items()}
-            self.sink, self.group_of, self.written = None, None, None
         s = self.sunk()
         sunk = (index < s).sum(dim=1)  # [H_kv] kept sink slots per head
         kept_sink = int(sunk.min()) if index.shape[1] else 0
-        if s and not bool((sunk == kept_sink).all()):
-            keys, values = self.whole()  # [1, H_kv, s + m + r, d]
-            expanded = index.unsqueeze(0).unsqueeze(-1).expand(1, *index.shape, self.width)
-            self.keys, self.values = keys.gather(2, expanded), values.gather(2, expanded)
-            self.parts = {kind: {p: t[:, :0] for p, t in entry.items()} for kind, entry in self.parts.items()}
-            self.sink, self.group_of = None, None
-        else:
-            if s:
-                head = index[:, :kept_sink].unsqueeze(0).unsqueeze(-1).expand(1, -1, -1, self.width)  # [1, H_kv, s', d]
-                self.sink = tuple(t.gather(2, head) for t in self.sink) if kept_sink else None
-            self._keep_after_sink(index[:, kept_sink:] - s, kept_sink)
+        # slots a decode wrote, or heads keeping unequal sink slots: held dequantized from here on (exact)
+        if self.written is not None or (s and not bool((sunk == kept_sink).all())):
+            self._hold_dequantized()
+            s = kept_sink = 0
+        if s:
+            head = index[:, :kept_sink].unsqueeze(0).unsqueeze(-1).expand(1, -1, -1, self.width)  # [1, H_kv, s', d]
+            self.sink = tuple(t.gather(2, head) for t in self.sink) if kept_sink else None
+        self._keep_after_sink(index[:, kept_sink:] - s, kept_sink)
         self.positions = self.positions.gather(1, index)  # [H_kv, k]
         if self.scores is not None:
             self.scores = self.scores.gather(1, index)
+
+    def _hold_dequantized(self) -> None:
+        """Every slot into the residual, dequantized (`whole`: sink, quantized slots, residual, decode's written rows,
+        in slot order); the quantized parts, sink and written rows dropped."""
+        self.keys, self.values = self.whole()  # [1, H_kv, s + m + r, d]
+        self.parts = {kind: {p: t[:, :0] for p, t in entry.items()} for kind, entry in self.parts.items()}
+        self.sink, self.group_of, self.written = None, None, None
 
     def _keep_after_sink(self, index: torch.Tensor, sink: int) -> None:
         """Keep the quantized and residual slots `index` [H_kv, k'] (ascending, counted after the sink), the sink's

@@ -216,12 +216,12 @@ def _genre_groups(model: Model, suite: GenreSuite) -> list[tuple[str, list[Asked
         asked = []
         for case in cases:
             ids = prompt_ids(model, case)
-            scored = lambda *a, case=case, n=len(ids): _genre_row(case, n, suite.seed, *a)  # noqa: E731
-            asked.append(Asked(_genre_id(case, suite.seed), ids, scored,
-                               load_template(TEMPLATES[case.task]).max_new_tokens))  # fmt: skip
+            case_id = _genre_id(case, suite.seed)
+            scored = lambda *a, case=case, case_id=case_id, n=len(ids): _genre_row(case, case_id, n, *a)  # noqa: E731
+            asked.append(Asked(case_id, ids, scored, load_template(TEMPLATES[case.task]).max_new_tokens))
         other = replace(cases[0], question=cases[0].question + " Answer briefly.")
         asked.append(Asked("(prefix)", prompt_ids(model, other), None, 0))
-        groups.append((f"genre:{_genre_id(cases[0], suite.seed)}", asked))
+        groups.append((f"genre:{asked[0].id}", asked))
     return groups
 
 
@@ -233,13 +233,13 @@ def _genre_id(case, seed: int) -> str:
 
 
 def _genre_row(
-    case, tokens: int, seed: int, text: str, budget: int, config, seconds: float, abstain: str
+    case, case_id: str, tokens: int, text: str, budget: int, config, seconds: float, abstain: str
 ) -> CaseResult:
-    """The scored row of a genre case's reply (the suite's own scoring; no abstention rule applies)."""
+    """The scored row of a genre case's reply, under `case_id` (`_genre_id`; the suite's own scoring, no
+    abstention rule applies)."""
     score = score_answer(case.task, text, case.references, case.keywords)
     return CaseResult(
-        task=case.task, case_id=_genre_id(case, seed), split=case.split, length=case.length, method="file",
-        budget=budget,
+        task=case.task, case_id=case_id, split=case.split, length=case.length, method="file", budget=budget,
         prompt_tokens=tokens, depth=case.depth, score=round(score, 6),
         exact=exact_answer(case.task, text, case.references, case.keywords), prediction=text,
         tau1=config.tau1, tau2=config.tau2, seconds=round(seconds, 3), record_seconds=0.0, source=case.source,

@@ -9,8 +9,11 @@ refused for a middle-cut document's rows, whose reading needs what the model rea
 hold the same cell (task, question, length, method, budget), the later file's row is kept and the
 two replies are compared: the count of differing replies is printed (a rerun of the same code
 should differ nowhere). The merged meta names the documents of all files and the source files.
+`--rescore-answers` scores every answer again with this code's scorer, each row's support and
+abstention kept as run (`bench.quality.abstention.rescore_answers`; after a change of the scorer).
 
     python scripts/real_merge.py A.json B.json [...] -o MERGED.json [--abstain foreign] [--methods full,cake]
+        [--rescore-answers]
 """
 
 from __future__ import annotations
@@ -20,15 +23,18 @@ import json
 import sys
 from pathlib import Path
 
-from cake_cli.bench.quality.abstention import rescore, rescore_inputs
+from cake_cli.bench.quality.abstention import real_questions, rescore, rescore_answers, rescore_inputs
 from cake_cli.bench.quality.report import META_MUST_MATCH, row_key
 from cake_cli.files import write_atomic
 from cake_cli.tasks.answers.abstain import ABSTAIN_MODES, DEFAULT_ABSTAIN, NEVER
 
 
-def merge(paths: list[Path], mode: str, methods: list[str] | None = None) -> tuple[dict, list[str]]:
-    """(the merged results file as a dict, report lines), with only the rows of `methods` when given.
-    Raises SystemExit on files that differ in a setting of META_MUST_MATCH."""
+def merge(
+    paths: list[Path], mode: str, methods: list[str] | None = None, answers: bool = False
+) -> tuple[dict, list[str]]:
+    """(the merged results file as a dict, report lines), with only the rows of `methods` when given, and
+    every answer scored again by this code's scorer when `answers`. Raises SystemExit on files that differ in a
+    setting of META_MUST_MATCH."""
     loaded = [(p, json.loads(p.read_text())) for p in paths]
     first = loaded[0][1]["meta"]
     rows: dict[tuple, dict] = {}
@@ -47,6 +53,11 @@ def merge(paths: list[Path], mode: str, methods: list[str] | None = None) -> tup
             except ValueError as exc:
                 sys.exit(f"error: {path}: {exc} — rerun it with --abstain {mode}")
             lines.append(f"{path.name}: {len(file_rows)} rows rescored from --abstain {meta.get('abstain', NEVER)}")
+        if answers:
+            before = [r["exact"] for r in file_rows]
+            file_rows = rescore_answers(file_rows, real_questions())
+            moved = sum(b != r["exact"] for b, r in zip(before, file_rows))
+            lines.append(f"{path.name}: answers scored again, {moved} exact scores changed")
         differ = same = 0
         for r in file_rows:
             key = row_key(r)
@@ -64,6 +75,8 @@ def merge(paths: list[Path], mode: str, methods: list[str] | None = None) -> tup
     meta["command"] = f"python scripts/real_merge.py {' '.join(map(str, paths))} --abstain {mode}"
     if methods is not None:
         meta["command"] += f" --methods {','.join(methods)}"
+    if answers:
+        meta["command"] += " --rescore-answers"
     return {
         "format": loaded[0][1]["format"],
         "version": loaded[0][1]["version"],
@@ -80,9 +93,12 @@ def main() -> None:
         "--abstain", default=DEFAULT_ABSTAIN, choices=ABSTAIN_MODES, help="score every row with this mode"
     )
     parser.add_argument("--methods", default="", help="keep only these methods' rows (comma-separated)")
+    parser.add_argument(
+        "--rescore-answers", action="store_true", help="score every answer again with this code's scorer"
+    )
     args = parser.parse_args()
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] or None
-    merged, lines = merge(args.runs, args.abstain, methods)
+    merged, lines = merge(args.runs, args.abstain, methods, args.rescore_answers)
     write_atomic(args.output, json.dumps(merged, indent=1) + "\n", "merged results file")
     print(f"$ python scripts/real_merge.py {' '.join(sys.argv[1:])}")
     print("\n".join(lines))

@@ -11,7 +11,10 @@ A multi-needle answer scores the mean of the rule over its needles.
 
 The QA task (SQuAD / HotpotQA, LongBench-like) scores the token F1 of the normalised prediction
 against each gold answer (lower case, punctuation and articles a/an/the removed, whitespace
-collapsed: the official SQuAD v1.1 `normalize_answer`), taking the best gold answer.
+collapsed: the official SQuAD v1.1 `normalize_answer`), taking the best gold answer. One deviation,
+documented: a decimal point or colon between two digits is kept and a number's all-zero fraction
+dropped ("1.0" and "1." both read "1", "12.5" stays "12.5", "3:1" stays "3:1"), because SQuAD's rule
+reads "1.0" as "10" and "12.5" as "125", and so scores "10" right and "1" wrong against the gold "1.0".
 
 The real-document suite (`--suite real`, `bench.real_docs`) reads each reply apart into its short
 answer, its cited passage and whether it abstained (`tasks.answers.cite`). A question whose answer
@@ -52,6 +55,8 @@ ABSTAIN_TASKS = ("real-absent", "real-cut")
 _WS = re.compile(r"\s+")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
+_NUMBER_MARKS = ".:"  # kept between two digits: a decimal point, a ratio or a time
+_ZERO_FRACTION = re.compile(r"^(\d+)\.0+$")  # "48.0", "1.00": the same number as "48", "1"
 
 
 def levenshtein_similarity(a: str, b: str) -> float:
@@ -88,9 +93,17 @@ def multi_needle_score(prediction: str, references: Sequence[str], keywords: Seq
 
 
 def normalize_answer(text: str) -> str:
-    """SQuAD v1.1 normalisation: lower case, drop punctuation and articles, collapse whitespace."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
-    return " ".join(_ARTICLES.sub(" ", text).split())
+    """SQuAD v1.1 normalisation: lower case, drop punctuation and articles, collapse whitespace; except
+    that a "." or ":" between two digits stays and a number's all-zero fraction goes ("1.0" -> "1",
+    "12.5" stays, "1.2.0" stays: only a whole token of digits, a point and zeros loses them)."""
+    text = text.lower()
+    kept = "".join(
+        ch
+        for i, ch in enumerate(text)
+        if ch not in _PUNCT
+        or (ch in _NUMBER_MARKS and 0 < i < len(text) - 1 and text[i - 1].isdigit() and text[i + 1].isdigit())
+    )
+    return " ".join(_ZERO_FRACTION.sub(r"\1", token) for token in _ARTICLES.sub(" ", kept).split())
 
 
 def f1_score(prediction: str, answer: str) -> float:

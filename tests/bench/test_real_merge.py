@@ -53,3 +53,16 @@ def test_merge_refuses_unlike_runs(tmp_path):
     b = write(tmp_path / "b.json", META | {"model": "other", "abstain": "foreign"}, [])
     with pytest.raises(SystemExit, match="model"):
         real_merge.merge([a, b], "foreign")
+
+
+def test_merge_rescore_answers_scores_every_answer_with_this_scorer(tmp_path):
+    run = write(tmp_path / "run.json", META | {"documents": ["python-statistics"], "abstain": "foreign"}, [
+        row("python-statistics-12", "real", "cake", 1024, "Answer: The default sigma is 1.", 0.0),
+        row("python-statistics-12", "real", "full", None, "Answer: 10", 1.0),
+    ])  # fmt: skip
+    kept, _ = real_merge.merge([run], "foreign")
+    assert [r["exact"] for r in kept["rows"]] == [0.0, 1.0]  # the same mode: rows as stored
+    merged, lines = real_merge.merge([run], "foreign", answers=True)
+    assert [r["exact"] for r in merged["rows"]] == [1.0, 0.0]  # gold "1.0": "1." is right, "10" is not
+    assert "answers scored again, 2 exact scores changed" in lines[0]
+    assert merged["meta"]["command"].endswith("--rescore-answers")

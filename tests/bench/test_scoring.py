@@ -60,6 +60,12 @@ def test_multi_needle_score_is_the_mean_over_needles():
         ("The  Eiffel-Tower!", "eiffeltower"),  # SQuAD drops punctuation without a space
         ("A cat, an owl and THE dog.", "cat owl and dog"),
         ("  ", ""),
+        # a point or colon between digits is part of the number; an all-zero fraction is not
+        ("sigma is 1.0.", "sigma is 1"),
+        ("It is 1.", "it is 1"),
+        ("12.5 MiB, 3:1 majority", "12.5 mib 3:1 majority"),
+        ("Debian 2.1 and 1.2.0, 48.00", "debian 2.1 and 1.2.0 48"),
+        ("version 2.10: end.", "version 2.10 end"),
     ],
 )
 def test_normalize_answer(text, expected):
@@ -111,5 +117,11 @@ def test_exact_answer_needs_the_whole_fact():
     assert exact_answer("m-rt", "12345 and 222", ref * 3, ("12345", "222", "333")) == 0.0
     assert exact_answer("qa", "It was Denver Broncos.", ("Denver Broncos", "Broncos"), ()) == 1.0
     assert exact_answer("qa", "Broncosville", ("Broncos",), ()) == 0.0  # whole words only
+    # numbers are read as numbers, not as SQuAD's digit strings ("1.0" is not "10", "12.5" not "125")
+    assert exact_answer("qa", "The default sigma is 1.", ("1.0",), ()) == 1.0
+    assert exact_answer("qa", "The default sigma is 10.", ("1.0",), ()) == 0.0
+    assert exact_answer("qa", "Answer: 125", ("12.5",), ()) == 0.0
+    assert exact_answer("qa", "Debian 2.1 Slink", ("Debian 2.1",), ()) == 1.0
+    assert exact_answer("qa", "Debian 2.12", ("Debian 2.1",), ()) == 0.0
     with pytest.raises(ValueError):
         exact_answer("qa", "x", (), ())

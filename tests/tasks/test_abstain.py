@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from cake_cli.bench.quality.abstention import abstention_figures, rescore
+from cake_cli.bench.quality.abstention import abstention_figures, rescore, rescore_answers
 from cake_cli.bench.quality.report import real_target_checks
 from cake_cli.tasks.answers.abstain import (
     ABSTAIN_MODES,
@@ -150,3 +150,17 @@ def test_the_real_report_checks_the_located_share_of_right_answers():
     assert "PASS B=1024: cake cites a located passage for 2 of its 2 right answers (100%; target 80%)" in (
         real_target_checks(located, NoSummary())
     )
+
+
+def test_rescore_answers_scores_the_answers_again_and_keeps_what_the_run_decided():
+    sigma = [  # stored as the scorer before the number rule scored them: "1." against "1.0" read as "10"
+        {**_row("s1", "real", "Answer: The default sigma is 1.\nPassage: sigma=1.0"), "support": "located"},
+        {**_row("s2", "real-middle", "Answer: 10"), "exact": 1.0, "score": 1.0},
+        {**_row("s3", "real", "Answer: 1.0"), "abstained": True},  # withheld by the run's rule: stays 0
+        {**_row("s4", "real-cut", "Answer: 1.0"), "exact": 0.0},  # an abstention task: its score is not an answer's
+    ]
+    gold = {c: (QUESTION, ("1.0",)) for c in ("s1", "s2", "s3")} | {"s4": (QUESTION, ())}
+    rows = rescore_answers(sigma, gold)
+    assert [r["exact"] for r in rows] == [1.0, 0.0, 0.0, 0.0]
+    assert [r["score"] for r in rows] == [pytest.approx(2 * 0.25 / 1.25), 0.0, 0.0, 0.0]  # "default sigma is 1" vs "1"
+    assert [(r["support"], r["abstained"]) for r in rows] == [(r["support"], r["abstained"]) for r in sigma]

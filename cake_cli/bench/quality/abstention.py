@@ -6,7 +6,7 @@ targets ask of the default (issue 45): the exact accuracy on the answerable ques
 of the unanswerable ones abstained on, and the share of the right answers that cite a located
 passage. The abstention rule is applied after the reply is read (`tasks.answers.abstain.decide`),
 so a run's stored replies hold everything any mode needs: `rescore` reads and scores them again
-without decoding.
+without decoding, and `rescore_answers` scores the answers again after a change of the scorer.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from cake_cli.bench.real_docs import load_set, read_document
 from cake_cli.bench.scoring import ABSTAIN_TASKS, real_scores
 from cake_cli.tasks.answers.abstain import counts_as_abstention, decide
-from cake_cli.tasks.answers.cite import find_support
+from cake_cli.tasks.answers.cite import find_support, parse_cited
 
 ANSWERABLE_TASKS = ("real", "real-middle")
 
@@ -72,7 +72,12 @@ def rescore_inputs(rows: list[dict]) -> tuple[dict[str, str], dict[str, tuple]]:
     real = load_set()
     wanted = {r["source"] for r in rows}
     texts = {d.id: read_document(d).text for d in real.documents if d.id in wanted}
-    return texts, {q.id: (q.question, q.answers) for q in real.questions}
+    return texts, real_questions()
+
+
+def real_questions() -> dict[str, tuple]:
+    """Question id -> (the question, its gold answers), from the real set's question file (no document read)."""
+    return {q.id: (q.question, q.answers) for q in load_set().questions}
 
 
 def rescore(
@@ -106,4 +111,24 @@ def rescore(
         abstained = counts_as_abstention(support)
         score, exact = real_scores(support.answer, abstained, answers if row["task"] == "real" else ())
         out.append({**row, "support": support.status, "abstained": abstained, "score": score, "exact": exact})
+    return out
+
+
+def rescore_answers(rows: list[dict], questions: Mapping[str, tuple]) -> list[dict]:
+    """`rows` of a run with each answerable question's (score, exact) computed again by this code's
+    scorer (`scoring.real_scores` on the reply's short answer, `cite.parse_cited`), every row's support
+    and abstention kept as the run decided them. For a change of the scorer only: it needs neither the
+    document nor what the model read, so it also takes the middle cut's and the sections' rows.
+
+    Args:
+        rows: real-suite rows (task, case_id, prediction, abstained, ...).
+        questions: question id -> (the question, its gold answers).
+    """
+    out = []
+    for row in rows:
+        if row["task"] in ANSWERABLE_TASKS:
+            answers = questions[row["case_id"]][1]
+            score, exact = real_scores(parse_cited(row["prediction"]).answer, bool(row["abstained"]), answers)
+            row = {**row, "score": score, "exact": exact}
+        out.append(row)
     return out

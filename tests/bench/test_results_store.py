@@ -81,6 +81,24 @@ def test_a_file_of_another_case_draw_is_refused(tmp_path):
         check_resumable(tmp_path / "r.json", {**new, "dtype": "float32"}, new)
 
 
+def test_a_real_file_scored_under_another_abstention_rule_is_refused(tmp_path):
+    new = {"model": "m", "split": "held-out", "window": 32, "dtype": "bfloat16", "draw": CASE_DRAW,
+           "abstain": "doubt", "doubt_threshold": None}  # fmt: skip
+    check_resumable(tmp_path / "r.json", {}, new)
+    check_resumable(tmp_path / "r.json", dict(new), new)
+    with pytest.raises(UsageError, match="scored with --abstain foreign") as err:
+        check_resumable(tmp_path / "r.json", {**new, "abstain": "foreign"}, new)
+    assert "real_merge.py" in err.value.hint and "--abstain doubt" in err.value.hint
+    with pytest.raises(UsageError, match="--abstain never"):  # a file from before the mode was stored
+        check_resumable(tmp_path / "r.json", {k: v for k, v in new.items() if k != "abstain"}, new)
+    with pytest.raises(UsageError, match="doubt threshold 0.3"):
+        check_resumable(tmp_path / "r.json", {**new, "doubt_threshold": 0.3}, new)
+    foreign = {**new, "abstain": "foreign"}
+    check_resumable(tmp_path / "r.json", {**foreign, "doubt_threshold": None}, foreign)  # read by doubt only
+    genre = {k: v for k, v in new.items() if k not in ("abstain", "doubt_threshold")}
+    check_resumable(tmp_path / "r.json", {**genre, "abstain": "foreign"}, genre)  # not a real-suite run: no rule
+
+
 def test_resuming_with_fewer_repeats_leaves_the_other_rows_out(cli_env):
     out = cli_env / "r.json"
     base = ["bench", "quality", *TINY, "--tasks", "s-rt", "--budgets", "32", "--methods", "full,cake", "-o", str(out)]

@@ -31,6 +31,7 @@ from cake_cli.bench.scoring import ABSTAIN_TASKS, TASK_WEIGHTS, weighted_overall
 from cake_cli.bench.suites import CASE_DRAW, SELECTED, result_key
 from cake_cli.errors import CakeError, UsageError
 from cake_cli.files import write_atomic
+from cake_cli.tasks.answers.abstain import DOUBT, NEVER
 
 FORMAT = "cake-bench-quality"
 FORMAT_VERSION = 1
@@ -74,7 +75,19 @@ def load_results(path: Path) -> tuple[dict, list[dict]]:
 
 def check_resumable(path: Path, old: dict, new: dict) -> None:
     """Raise UsageError when a results file was made with other settings than this run's: one of
-    META_MUST_MATCH, or another case draw (its cases hold other questions under the same keys)."""
+    META_MUST_MATCH, another case draw (its cases hold other questions under the same keys), or, on the
+    real suite, replies scored with another `--abstain` mode or doubt threshold (the stored rows would
+    count under one rule and the new ones under another; `scripts/real_merge.py` scores a file again)."""
+    if "abstain" in new and old:
+        was, mode = old.get("abstain", NEVER), new["abstain"]
+        threshold = old.get("doubt_threshold"), new.get("doubt_threshold")
+        if was != mode or (mode == DOUBT and threshold[0] != threshold[1]):
+            said = [f" (doubt threshold {t})" if mode == DOUBT and was == mode else "" for t in threshold]
+            raise UsageError(
+                f"{path} was scored with --abstain {was}{said[0]}, this run scores with --abstain {mode}{said[1]}",
+                f"give --abstain {was}, or score the file again first: python scripts/real_merge.py {path} "
+                f"--abstain {mode} -o NEW.json",
+            )
     for key in META_MUST_MATCH:
         was = old.get(key, META_DEFAULTS.get(key)) if old else None
         if was is not None and (key in old or key in new) and was != new.get(key, META_DEFAULTS.get(key)):

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from cake_cli.bench.real_docs import load_set, read_document
 from cake_cli.bench.scoring import ABSTAIN_TASKS, real_scores
-from cake_cli.tasks.answers.abstain import counts_as_abstention, decide
+from cake_cli.errors import UsageError
+from cake_cli.tasks.answers.abstain import DOUBT, NEVER, counts_as_abstention, decide
 from cake_cli.tasks.answers.cite import find_support, parse_cited
 
 ANSWERABLE_TASKS = ("real", "real-middle")
@@ -132,3 +134,21 @@ def rescore_answers(rows: list[dict], questions: Mapping[str, tuple]) -> list[di
             row = {**row, "score": score, "exact": exact}
         out.append(row)
     return out
+
+
+def check_same_rule(path: Path, old: dict, new: dict) -> None:
+    """Raise UsageError when a real-suite results file (meta `old`) was scored with another `--abstain` mode, or
+    with another doubt threshold under `doubt`, than this run (meta `new`): resuming it would count its stored
+    rows under one rule and the new ones under another. A file from before the mode was stored was scored with
+    `never`. Nothing is checked for a new file or a run of another suite (no "abstain" in `new`)."""
+    if "abstain" not in new or not old:
+        return
+    was, mode = old.get("abstain", NEVER), new["abstain"]
+    threshold = old.get("doubt_threshold"), new.get("doubt_threshold")
+    if was != mode or (mode == DOUBT and threshold[0] != threshold[1]):
+        said = [f" (doubt threshold {t})" if mode == DOUBT and was == mode else "" for t in threshold]
+        raise UsageError(
+            f"{path} was scored with --abstain {was}{said[0]}, this run scores with --abstain {mode}{said[1]}",
+            f"give --abstain {was}, or score the file again first: python scripts/real_merge.py {path} "
+            f"--abstain {mode} -o NEW.json",
+        )

@@ -26,12 +26,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cake_cli.bench.bootstrap import Interval, claim, paired_intervals
-from cake_cli.bench.quality.abstention import abstention_figures
+from cake_cli.bench.quality.abstention import abstention_figures, check_same_rule
 from cake_cli.bench.scoring import ABSTAIN_TASKS, TASK_WEIGHTS, weighted_overall
 from cake_cli.bench.suites import CASE_DRAW, SELECTED, result_key
 from cake_cli.errors import CakeError, UsageError
 from cake_cli.files import write_atomic
-from cake_cli.tasks.answers.abstain import DOUBT, NEVER
 
 FORMAT = "cake-bench-quality"
 FORMAT_VERSION = 1
@@ -78,16 +77,7 @@ def check_resumable(path: Path, old: dict, new: dict) -> None:
     META_MUST_MATCH, another case draw (its cases hold other questions under the same keys), or, on the
     real suite, replies scored with another `--abstain` mode or doubt threshold (the stored rows would
     count under one rule and the new ones under another; `scripts/real_merge.py` scores a file again)."""
-    if "abstain" in new and old:
-        was, mode = old.get("abstain", NEVER), new["abstain"]
-        threshold = old.get("doubt_threshold"), new.get("doubt_threshold")
-        if was != mode or (mode == DOUBT and threshold[0] != threshold[1]):
-            said = [f" (doubt threshold {t})" if mode == DOUBT and was == mode else "" for t in threshold]
-            raise UsageError(
-                f"{path} was scored with --abstain {was}{said[0]}, this run scores with --abstain {mode}{said[1]}",
-                f"give --abstain {was}, or score the file again first: python scripts/real_merge.py {path} "
-                f"--abstain {mode} -o NEW.json",
-            )
+    check_same_rule(path, old, new)
     for key in META_MUST_MATCH:
         was = old.get(key, META_DEFAULTS.get(key)) if old else None
         if was is not None and (key in old or key in new) and was != new.get(key, META_DEFAULTS.get(key)):

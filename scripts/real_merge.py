@@ -39,6 +39,7 @@ def merge(
     first = loaded[0][1]["meta"]
     rows: dict[tuple, dict] = {}
     lines, documents = [], []
+    questions = real_questions() if answers else {}  # the gold answers, read once for every file
     for path, data in loaded:
         meta = data["meta"]
         for key in META_MUST_MATCH:
@@ -55,7 +56,7 @@ def merge(
             lines.append(f"{path.name}: {len(file_rows)} rows rescored from --abstain {meta.get('abstain', NEVER)}")
         if answers:
             before = [r["exact"] for r in file_rows]
-            file_rows = rescore_answers(file_rows, real_questions())
+            file_rows = rescore_answers(file_rows, questions)
             moved = sum(b != r["exact"] for b, r in zip(before, file_rows))
             lines.append(f"{path.name}: answers scored again, {moved} exact scores changed")
         differ = same = 0

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cake_cli.bench.real_docs import load_set, read_document
+from cake_cli.bench.real_docs import RealSet, load_set, read_document
 from cake_cli.bench.scoring import ABSTAIN_TASKS, real_scores
 from cake_cli.errors import UsageError
 from cake_cli.tasks.answers.abstain import DOUBT, NEVER, counts_as_abstention, decide
@@ -74,12 +74,13 @@ def rescore_inputs(rows: list[dict]) -> tuple[dict[str, str], dict[str, tuple]]:
     real = load_set()
     wanted = {r["source"] for r in rows}
     texts = {d.id: read_document(d).text for d in real.documents if d.id in wanted}
-    return texts, real_questions()
+    return texts, real_questions(real)
 
 
-def real_questions() -> dict[str, tuple]:
-    """Question id -> (the question, its gold answers), from the real set's question file (no document read)."""
-    return {q.id: (q.question, q.answers) for q in load_set().questions}
+def real_questions(real: RealSet | None = None) -> dict[str, tuple]:
+    """Question id -> (the question, its gold answers) of `real` (None: the set's question file, read now; no
+    document is read)."""
+    return {q.id: (q.question, q.answers) for q in (real or load_set()).questions}
 
 
 def rescore(

@@ -17,7 +17,7 @@ from cake_cli.bench.scoring import REAL_WEIGHTS
 from cake_cli.bench.splits import case_id, check_split
 from cake_cli.engine.allocation import ALLOCATIONS, SCORE_ALLOCATIONS
 from cake_cli.engine.config import POOL_KINDS, ConfigError
-from cake_cli.engine.indicators import INDICATORS, PROFILE_POOLED
+from cake_cli.engine.indicators import GAMMA_INDICATORS, INDICATORS, PROFILE_POOLED
 from cake_cli.engine.methods import BEYOND_PAPER, METHODS, QUESTION_METHODS, resolve
 from cake_cli.errors import UsageError, unknown_name
 from cake_cli.tasks.answers.abstain import DEFAULT_ABSTAIN
@@ -164,6 +164,7 @@ SELECTED = "@select"  # `--methods NAME@select[:L]`: NAME on the prompt `cake qa
 RANKED = "@rank:"  # `--methods NAME@rank:L`: the layers below L keep layer L's ranking (CakeConfig.rank_layer)
 TAUED = "@tau:"  # `--methods NAME@tau:T1/T2`: NAME with the temperatures (tau1, tau2) instead of the profile's
 POOLED = "@pool:"  # `--methods NAME@pool:avg5`: NAME with that pooling (kind and kernel) instead of the profile's
+GAMMAED = "@gamma:"  # `--methods NAME@gamma:G`: NAME with the indicator's variance weight G instead of 200 (Eq. 11)
 
 
 def chunk_variant(name: str) -> Variant:
@@ -243,12 +244,27 @@ def _pool(name: str, variant: Variant, text: str) -> Variant:
     return replace(variant, pooling=(kind, int(kernel)))
 
 
+def _gamma(name: str, variant: Variant, text: str) -> Variant:
+    if variant.indicator not in GAMMA_INDICATORS:
+        raise UsageError(
+            f"'{name}': the {variant.indicator} indicator reads no variance weight", f"write cake-chunk{GAMMAED}{text}"
+        )
+    try:
+        gamma = float(text)
+    except ValueError:
+        gamma = -1.0
+    if not (gamma >= 0 and math.isfinite(gamma)):
+        raise UsageError(f"'{name}': the variance weight must be a number >= 0", f"write {variant.name}{GAMMAED}200")
+    return replace(variant, gamma=gamma)
+
+
 # `NAME@SETTING...`: marker -> (what it does to NAME, a short example for the hint, how it is read)
 SETTINGS = {
     RANKED: ("ranks a method with a budget", "9", _rank),
     SELECTED: ("runs a method with a budget on the selected prompt", "", _select),
     TAUED: ("sets the temperatures of a method with a budget", "1/1", _tau),
     POOLED: ("sets the pooling of a method with a budget", "avg5", _pool),
+    GAMMAED: ("sets the variance weight of a method with a budget", "200", _gamma),
 }
 
 
@@ -257,13 +273,14 @@ def set_variant(name: str) -> Variant:
     each setting applied in turn: `@rank:L` (every layer below L keeps the tokens layer L's indicator ranks
     highest, `CakeConfig.rank_layer`), `@select[:L]` (NAME on the tokens `cake qa --prefill select` keeps,
     `bench.quality.selected`), `@tau:T1/T2` (CAKE's temperatures, Eq. 7, instead of the profile's), `@pool:KINDK`
-    (the indicator's pooling along tokens, docs/method.md §Pooling, instead of the profile's). A layer past the
+    (the indicator's pooling along tokens, docs/method.md §Pooling, instead of the profile's), `@gamma:G` (the
+    eviction indicator's variance weight, Eq. 11, instead of the paper's 200). A layer past the
     model's is refused when the model is loaded.
 
     Raises:
         UsageError: an unknown setting, NAME not a method with a budget, or a setting's value malformed
             (a layer not a whole number, temperatures not two positive numbers, a pooling not avg/max with an odd
-            kernel).
+            kernel, a variance weight not a finite number >= 0 or on an indicator without one).
     """
     base, *settings = name.split("@")
     marks = [next((m for m in SETTINGS if ("@" + s).startswith(m)), None) for s in settings]

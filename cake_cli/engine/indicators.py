@@ -256,6 +256,7 @@ def chunk_means(scores: torch.Tensor, positions: torch.Tensor | None, chunk: int
 
 
 PROFILE_POOLED = ("cake", "chunk")  # the indicators smoothed with the profile's pooling
+GAMMA_INDICATORS = ("cake", "chunk")  # the indicators that read gamma (Eq. 11's variance term)
 
 
 def pooling(kind: str, pool: tuple[str, int]) -> tuple[str, int]:

@@ -50,12 +50,35 @@ def test_settings_apply_in_any_order_and_keep_the_methods_own():
         ("snapkv@pool:avg5", "the snapkv indicator has its own pooling"),
         ("full@tau:1/1", "a method with a budget, and 'full' is not one"),
         ("cake@taus:1/1", "unknown setting '@taus:1/1'"),
+        ("cake@gamma:a", "a number >= 0"),
+        ("cake@gamma:-1", "a number >= 0"),
+        ("cake@gamma:nan", "a number >= 0"),
+        ("cake@gamma:inf", "a number >= 0"),
+        ("snapkv@gamma:50", "the snapkv indicator reads no variance weight"),
     ],
 )
 def test_a_malformed_setting_is_refused_naming_it(bad, message):
     with pytest.raises(UsageError, match=message) as exc:
         parse_variants(bad)
     assert "@" in exc.value.hint
+
+
+def test_a_gamma_setting_sets_the_variance_weight_only():
+    (weighted, chunked) = parse_variants("cake@gamma:50,cake-chunk:20@gamma:0@pool:avg5")
+    base = CakeConfig(budget=64, tau1=1.0, tau2=1.0)
+    assert weighted.config(base) == replace(base, gamma=50.0)
+    assert chunked.config(base) == replace(base, indicator="chunk", chunk=20, gamma=0.0, pool_kind="avg", pool_kernel=5)
+    assert (weighted.name, weighted.taus, weighted.pooling) == ("cake@gamma:50", None, None)
+
+
+def test_a_gamma_setting_keeps_what_that_weight_keeps(tiny_model):
+    use_cake_attention(tiny_model, "sdpa")
+    ids = ids_of(160, seed=3)
+    base = CakeConfig(budget=24, window=8)
+    (light,) = parse_variants("cake@gamma:0")
+    kept = kept_per_layer(prefill(tiny_model, ids, light.config(base)))
+    assert kept == kept_per_layer(prefill(tiny_model, ids, replace(base, gamma=0.0)))
+    assert kept != kept_per_layer(prefill(tiny_model, ids, base))  # the variance term moved what was kept
 
 
 def test_a_pooling_setting_keeps_what_that_pooling_keeps(tiny_model):

@@ -18,10 +18,16 @@ Qwen's k_proj bias and outlier channels); `G` the group size; `sink S` the first
 `recent R` the newest R tokens exact (KIVI's residual); `scales bf16 / fp32` the scales' and zeros' format;
 `values rotated` the values' channels multiplied by an orthonormal Hadamard matrix (blocks of d & -d
 channels) before quantization and by its transpose after (QuaRot's rotation, Ashkboos et al. 2024;
-`kvquant.rotate`; the file since format 6 rotates blocks of one value group).
+`kvquant.rotate`; the file since format 6 rotates blocks of one value group). The `f6 ...` schemes take format 6's
+layout (sink 4, values rotated in groups of 64) and add KVQuant's ways (Hooper et al. 2024, arXiv 2401.18079):
+`pre-RoPE` keys quantized before the rotary embedding and rotated after, `nuq` 2^bits levels per layer fitted
+by k-means to the group-normalized entries instead of uniform ones, `outliers P%` each vector's P% entries
+farthest from its mean kept exact (`level_quant`). `--schemes` runs only the schemes whose names start so.
 
     python benchmarks/kv_quant_error.py -o benchmarks/runs/kv-quant-error-qwen.json \
         > benchmarks/runs/kv-quant-error-qwen.txt
+    python benchmarks/kv_quant_error.py --bits 2,4 --schemes "sink 4 values rotated v64,f6" \
+        -o benchmarks/runs/kv-quant-error-kvquant-qwen.json > benchmarks/runs/kv-quant-error-kvquant-qwen.txt
 """
 
 from __future__ import annotations
@@ -56,6 +62,9 @@ class Scheme:
     center_keys: bool = False  # subtract each channel's mean (stored exact) before quantizing keys
     value_group: int | None = None  # channels per value group (None: min(group, d))
     rotate_values: bool = False  # quantize V·H (H an orthonormal Hadamard matrix over the channels), then undo it
+    pre_rope: bool = False  # quantize the keys before the rotary embedding, apply it after (KVQuant)
+    levels: str = "uniform"  # "kmeans": 2^bits levels per layer fitted to the normalized entries (KVQuant's nuq)
+    outliers: float = 0.0  # this fraction of each vector's entries farthest from its mean kept exact (sparse)
 
     def file_ratio(self, n: int, d: int) -> float:
         """Bytes of keys + values as a fraction of 16-bit ones, for one KV head of n tokens, head dim d."""
@@ -67,6 +76,7 @@ class Scheme:
         val_groups = m * math.ceil(d / vg)
         bits = 2 * m * math.ceil(d * self.bits / 8) * 8 + 2 * sbits * (key_groups + val_groups) + 2 * 16 * exact * d
         bits += 16 * d if self.center_keys else 0
+        bits += 2 * round(self.outliers * m * d) * (16 + 16)  # each outlier: its 16-bit value and a 16-bit index
         return bits / (2 * 16 * n * d)
 
 
@@ -87,10 +97,59 @@ def fake_quant(x: torch.Tensor, scheme: Scheme, kind: str) -> torch.Tensor:
     by_channel = kind == "keys" and scheme.key_axis == "channel"
     group = scheme.group if kind == "keys" else (scheme.value_group or min(scheme.group, d))
     dim = -2 if by_channel else -1
-    codes, scale, zero = kvquant.quantize(mid - shift, scheme.bits, dim, group, scheme.scale_dtype)
-    back = kvquant.dequantize(codes, scale, zero, dim, group) + shift
+    if scheme.levels != "uniform" or scheme.outliers:
+        back = level_quant(mid - shift, scheme, dim, group) + shift
+    else:
+        codes, scale, zero = kvquant.quantize(mid - shift, scheme.bits, dim, group, scheme.scale_dtype)
+        back = kvquant.dequantize(codes, scale, zero, dim, group) + shift
     out[:, lo:hi] = kvquant.rotate(back, d & -d) if rotated else back  # H = H^T = H^-1
     return out
+
+
+def level_quant(x: torch.Tensor, scheme: Scheme, dim: int, group: int) -> torch.Tensor:
+    """x [H_kv, m, d] -> its dequantized copy: groups of `group` entries along `dim`, each mapped to [0, 1] by its
+    own min and max (in `scheme.scale_dtype`) and rounded to the nearest of 2^bits levels, uniform or fitted by
+    1-D k-means to this tensor's normalized entries (KVQuant's non-uniform datatype, Hooper et al. 2024,
+    arXiv 2401.18079, fitted here per layer without its sensitivity weights); with `scheme.outliers` the entries of
+    each vector along `dim` farthest from its mean are kept exact and left out of their group's range (KVQuant's
+    dense-and-sparse split)."""
+    y = x.movedim(dim, -1)  # [H_kv, a, L]: groups along the last dimension
+    length = y.shape[-1]
+    pad = -length % group
+    y = torch.cat([y, y[..., -1:].expand(*y.shape[:-1], pad)], -1) if pad else y
+    exact = torch.zeros_like(y, dtype=torch.bool)
+    if scheme.outliers:
+        far = (y[..., :length] - y[..., :length].mean(-1, keepdim=True)).abs()
+        count = round(scheme.outliers * length)
+        if count:
+            cut = far.kthvalue(length - count + 1, dim=-1, keepdim=True).values
+            exact[..., :length] = far >= cut
+    g = y.unflatten(-1, (-1, group))  # [H_kv, a, L / G, G]
+    e = exact.unflatten(-1, (-1, group))
+    lo = g.masked_fill(e, float("inf")).amin(-1, keepdim=True)
+    hi = g.masked_fill(e, float("-inf")).amax(-1, keepdim=True)
+    lo, hi = torch.where(torch.isinf(lo), g[..., :1], lo), torch.where(torch.isinf(hi), g[..., :1], hi)
+    lo = lo.to(scheme.scale_dtype).float()
+    span = (hi - lo).to(scheme.scale_dtype).float().clamp_min(1e-12)
+    u = ((g - lo) / span).clamp(0, 1)
+    count = 2**scheme.bits
+    levels = torch.linspace(0, 1, count)
+    if scheme.levels == "kmeans":
+        data = u[~e]
+        for _ in range(25):  # Lloyd's iterations from the uniform levels
+            nearest = (data[:, None] - levels[None, :]).abs().argmin(-1)
+            sums = torch.zeros(count).index_add_(0, nearest, data)
+            sizes = torch.zeros(count).index_add_(0, nearest, torch.ones_like(data))
+            levels = torch.where(sizes > 0, sums / sizes.clamp_min(1), levels).sort().values
+    code = (u.unsqueeze(-1) - levels).abs().argmin(-1)
+    back = torch.where(e, g, lo + levels[code] * span).flatten(-2)[..., :length]
+    return back.movedim(-1, dim)
+
+
+def rope(k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """k [H_kv, n, d] before the rotary embedding -> after it (cos, sin [n, d]), as the model applies it."""
+    half = k.shape[-1] // 2
+    return k * cos + torch.cat([-k[..., half:], k[..., :half]], -1) * sin
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -122,10 +181,12 @@ def capture(model, ids: torch.Tensor, window: int) -> list[dict[str, torch.Tenso
         k = module.k_proj(hs).view(shape).transpose(1, 2)
         v = module.v_proj(hs).view(shape).transpose(1, 2)
         q, _ = apply_rotary_pos_emb(q, q, cos[:, -window:], sin[:, -window:])
+        pre = k
         _, k = apply_rotary_pos_emb(k, k, cos, sin)
         bias = module.k_proj.bias
         bias = torch.zeros(k.shape[1], k.shape[-1]) if bias is None else bias.float().view(k.shape[1], -1)
-        layers.append({"q": q[0].float(), "k": k[0].float(), "v": v[0].float(), "bias": bias.detach()})
+        layers.append({"q": q[0].float(), "k": k[0].float(), "v": v[0].float(), "bias": bias.detach(),
+                       "k_pre": pre[0].float(), "cos": cos[0].float(), "sin": sin[0].float()})  # fmt: skip
 
     handles = [layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True) for layer in model.model.layers]
     try:
@@ -158,6 +219,16 @@ def schemes(bits_list: list[int]) -> list[Scheme]:
             Scheme(f"scales bf16 {bits}", bits, scale_dtype=torch.bfloat16),
             Scheme(f"scales fp32 {bits}", bits, scale_dtype=torch.float32),
         ]
+        f6 = dict(sink=4, rotate_values=True, value_group=64)  # the file's layout since format 6
+        out += [
+            Scheme(f"f6 pre-RoPE {bits}", bits, **f6, pre_rope=True),
+            Scheme(f"f6 nuq {bits}", bits, **f6, levels="kmeans"),
+            Scheme(f"f6 outliers 0.5% {bits}", bits, **f6, outliers=0.005),
+            Scheme(f"f6 pre-RoPE nuq {bits}", bits, **f6, pre_rope=True, levels="kmeans"),
+            Scheme(f"f6 pre-RoPE outliers 0.5% {bits}", bits, **f6, pre_rope=True, outliers=0.005),
+            Scheme(f"f6 pre-RoPE nuq outliers 0.5% {bits}", bits, **f6, pre_rope=True, levels="kmeans", outliers=0.005),
+            Scheme(f"f6 pre-RoPE nuq outliers 1% {bits}", bits, **f6, pre_rope=True, levels="kmeans", outliers=0.01),
+        ]
     return out
 
 
@@ -184,6 +255,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=32, help="queries of the last N tokens")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--bits", default="4,2,8", help="bit widths of the schemes, comma-separated")
+    parser.add_argument("--schemes", default="", help="only the schemes whose names start with one of these "
+                        "(comma-separated; default: all)")  # fmt: skip
     parser.add_argument("-o", "--output", type=Path, default=None, help="JSON with every layer's numbers")
     args = parser.parse_args()
     args.bits = [int(b) for b in args.bits.split(",")]
@@ -206,10 +279,15 @@ def main() -> None:
     print("| scheme | file | keys | values | attention output | attention, keys only |")
     print("|---|---:|---:|---:|---:|---:|", flush=True)
     rows = []
-    for scheme in schemes(args.bits):
+    wanted = tuple(w for w in args.schemes.split(",") if w)
+    for scheme in [s for s in schemes(args.bits) if not wanted or s.name.startswith(wanted)]:
         per = []
         for layer, ref in zip(layers, refs):
-            k, v = fake_quant(layer["k"], scheme, "keys"), fake_quant(layer["v"], scheme, "values")
+            if scheme.pre_rope:
+                k = rope(fake_quant(layer["k_pre"], scheme, "keys"), layer["cos"], layer["sin"])
+            else:
+                k = fake_quant(layer["k"], scheme, "keys")
+            v = fake_quant(layer["v"], scheme, "values")
             per.append(
                 {
                     "keys": rel(k, layer["k"]),

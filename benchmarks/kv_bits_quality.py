@@ -86,6 +86,9 @@ def main() -> None:
     parser.add_argument("--genre-length", type=int, default=8192, help="--genres: prompt length, tokens")
     parser.add_argument("--genre-depths", default="0.25,0.75", help="--genres: fact depths, comma-separated")
     parser.add_argument("--genre-repeats", type=int, default=3, help="--genres: cases per (task, genre, depth)")
+    parser.add_argument("--genre-one-haystack", action="store_true",
+                        help="--genres: m-each's three cases of a document share one haystack (one prefill for three "
+                        "questions, sized for the longest; the suite's own cases differ by a few tokens)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
                         help="--genres: seed of the facts and haystack offsets (others: other cases)")  # fmt: skip
     parser.add_argument(
@@ -145,6 +148,8 @@ def run(args) -> None:
     if genres.genres:
         meta["genres"] = dict(tasks=list(genres.tasks), genres=list(genres.genres), length=args.genre_length,
                               depths=list(genres.depths), repeats=genres.repeats, seed=genres.seed)  # fmt: skip
+        if args.genre_one_haystack:
+            meta["genres"]["one_haystack"] = True
     rows, files = [], {}
     if args.output.exists():
         old = json.loads(args.output.read_text())
@@ -154,7 +159,8 @@ def run(args) -> None:
         rows, files = old["rows"], old["files"]
         print(f"resuming {args.output}: {len(rows)} answers kept", flush=True)
     done = {_cell(r) for r in rows}
-    for source, asked in _real_groups(model, documents, args.questions, new_tokens) + _genre_groups(model, genres):
+    groups = _real_groups(model, documents, args.questions, new_tokens)
+    for source, asked in groups + _genre_groups(model, genres, args.genre_one_haystack):
         todo = [(a, n, b) for a in asked if a.scored for n in names for b in budgets
                 if (source, a.id, n, b) not in done]  # fmt: skip
         if not todo:
@@ -203,13 +209,14 @@ def _real_groups(model: Model, documents, questions: int, new_tokens: int) -> li
     return groups
 
 
-def _genre_groups(model: Model, suite: GenreSuite) -> list[tuple[str, list[Asked]]]:
+def _genre_groups(model: Model, suite: GenreSuite, one_haystack: bool = False) -> list[tuple[str, list[Asked]]]:
     """[(haystack key, [Asked of each case])] of the genre suite's cases, those with one
-    haystack (m-each's three facts) in one group; each group also holds its document's prompt under another question (no
-    scorer: never asked), so the shared prefix never reaches into a question."""
+    haystack (m-each's three facts; `one_haystack`: sized so that all three share it) in one group; each group
+    also holds its document's prompt under another question (no scorer: never asked), so the shared prefix never
+    reaches into a question."""
     by_document: dict[str, list] = {}
     for task, index, depth, length, genre in suite.specs():
-        case = build_genre_case(model, task, genre, index, depth, length, suite.seed)
+        case = build_genre_case(model, task, genre, index, depth, length, suite.seed, one_haystack=one_haystack)
         by_document.setdefault(case.document, []).append(case)
     groups = []
     for cases in by_document.values():

@@ -16,6 +16,7 @@ from cake_cli.bench.genre_cases import (
     make_genre_case,
 )
 from cake_cli.bench.genres import GENRE_SPLITS, GENRES, HELD_OUT_GENRES, TUNE_GENRES, genre_split, genre_text
+from cake_cli.bench.quality.run import PROMPT_SLACK, Model, build_genre_case, prompt_ids
 from cake_cli.bench.splits import needle_depths
 from cake_cli.bench.suites import cell_keys, parse_variants, spec_id
 from tests.helpers.tiny import build_tiny_tokenizer
@@ -68,6 +69,19 @@ def test_m_each_cases_share_a_document_and_ask_each_fact_once():
     assert [c.references[0] for c in cases] == list(cases[0].needles)
     assert len({c.question for c in cases}) == 3
     assert genre_facts("m-each", "essays", 3).needles != cases[0].needles
+
+
+def test_one_haystack_sizes_m_each_for_its_longest_question_so_the_three_share_it(tok):
+    model = Model(None, tok, 4096, [])
+    own = [build_genre_case(model, "m-each", "code", i, 0.5, 1024, 5) for i in range(3)]
+    one = [build_genre_case(model, "m-each", "code", i, 0.5, 1024, 5, one_haystack=True) for i in range(3)]
+    # the suite's own cases fill the length with each question, so their haystacks differ in size
+    assert len({c.document for c in own}) == 3 and {len(prompt_ids(model, c)) for c in own} == {1024 - PROMPT_SLACK}
+    lengths = [len(prompt_ids(model, c)) for c in one]
+    assert len({c.document for c in one}) == 1 and max(lengths) == 1024 - PROMPT_SLACK and min(lengths) < max(lengths)
+    assert [c.question for c in one] == [c.question for c in own] and one[0].references != one[1].references
+    s_rt = build_genre_case(model, "s-rt", "code", 0, 0.5, 1024, 5, one_haystack=True)  # one fact: as the suite's
+    assert s_rt == build_genre_case(model, "s-rt", "code", 0, 0.5, 1024, 5)
 
 
 def test_m_rs_is_a_chain_whose_answer_only_the_second_fact_holds():

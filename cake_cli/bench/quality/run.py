@@ -18,7 +18,7 @@ from functools import partial
 import torch
 
 from cake_cli.bench.datasets import haystack_text, make_qa_case, qa_item
-from cake_cli.bench.facts import genre_facts
+from cake_cli.bench.facts import FACTS_PER_DOCUMENT, genre_facts
 from cake_cli.bench.genre_cases import QA_SPLIT, GenreSuite, genre_case_id, make_genre_case
 from cake_cli.bench.genres import genre_split
 from cake_cli.bench.needles import make_needle_case, needle_facts
@@ -76,10 +76,15 @@ def build_case(model: Model, task: str, split: str, index: int, depth: float, le
     )
 
 
-def build_genre_case(model: Model, task: str, genre: str, index: int, depth: float, length: int, seed: int) -> Case:
+def build_genre_case(
+    model: Model, task: str, genre: str, index: int, depth: float, length: int, seed: int, *, one_haystack: bool = False
+) -> Case:
     """One case of the multi-genre suite (`bench.genre_cases`), sized to `length` tokens (clamped).
 
-    QA (wiki genre only) is `datasets.make_qa_case` on the eval items, renamed into the genre.
+    QA (wiki genre only) is `datasets.make_qa_case` on the eval items, renamed into the genre. The haystack
+    is sized so that the prompt with the case's own question fits; `one_haystack` sizes an `m-each` case's
+    haystack for the longest question of its document's three facts instead, so the three cases share one
+    document, as questions asked of one compressed file do (the suite's own cases differ by a few tokens).
 
     Raises:
         ValueError / CakeError: from the case builders.
@@ -95,7 +100,11 @@ def build_genre_case(model: Model, task: str, genre: str, index: int, depth: flo
         case = make_qa_case(QA_SPLIT, index, depth, length, doc_tokens, tokenizer=model.tokenizer)
         return replace(case, case_id=genre_case_id(genre, index, depth), split=genre_split(genre))
     facts = genre_facts(task, genre, index, seed)
-    doc_tokens = target - overhead(facts.question) - PROMPT_SLACK
+    asked = [facts.question]
+    if one_haystack and task == "m-each":
+        first = index - index % FACTS_PER_DOCUMENT
+        asked = [genre_facts(task, genre, first + k, seed).question for k in range(FACTS_PER_DOCUMENT)]
+    doc_tokens = target - max(map(overhead, asked)) - PROMPT_SLACK
     return make_genre_case(
         task, genre, index, depth, length, doc_tokens, tokenizer=model.tokenizer, seed=seed, facts=facts
     )

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cake_cli.tasks.results import (
+    BITS_GIVEN,
     CacheInfo,
     CompressResult,
     InspectResult,
@@ -321,6 +322,8 @@ def render_compress(r: CompressResult, console: Console) -> None:
     _settings_rows(t, r, r.method)
     _row(t, "scoring", SCORING_TEXT.get(r.scoring, r.scoring))
     _row(t, "bytes", _bytes_text(r))
+    if r.kv_bits_reason and r.kv_bits_reason != BITS_GIVEN:  # the bits the tool chose, and why
+        _row(t, "kv bits", f"{r.kv_bits}: {r.kv_bits_reason}")
     _kv_row(t, r, None)
     _row(t, "time", _time_text(r))
     console.print(Panel(t, title="CAKE compress", title_align="left", border_style="cyan"))

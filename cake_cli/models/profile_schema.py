@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from cake_cli.engine.config import KV_BITS
 from cake_cli.engine.indicators import DEFAULT_CHUNK
 from cake_cli.engine.methods import METHODS
 from cake_cli.errors import CakeError
@@ -102,6 +103,8 @@ class ProfileFile(BaseModel):
     method: str = "cake"
     chunk: PositiveInt = DEFAULT_CHUNK
     doubt_threshold: float | None = Field(default=None, gt=0.0, le=1.0)
+    kv_bits: int = 16
+    kv_bits_source: str | None = None
 
     @field_validator("version", mode="before")
     @classmethod
@@ -110,7 +113,7 @@ class ProfileFile(BaseModel):
             raise _fail(f"unsupported version {v!r}")
         return v
 
-    @field_validator("name", "description", "tau_source", "hub_id", "embedded", "path", mode="before")
+    @field_validator("name", "description", "tau_source", "kv_bits_source", "hub_id", "embedded", "path", mode="before")
     @classmethod
     def _strings(cls, v: Any, info: ValidationInfo) -> Any:
         return _non_empty(v, info.field_name)  # `hub_id: null` too: absent is fine, null is not
@@ -131,6 +134,13 @@ class ProfileFile(BaseModel):
         if not isinstance(v, list) or not all(isinstance(a, str) and _NAME_RE.match(a) for a in v):
             raise _fail("'aliases' must be a list of lower-case names")
         return tuple(v)
+
+    @field_validator("kv_bits", mode="before")
+    @classmethod
+    def _kv_bits(cls, bits: Any) -> int:
+        if isinstance(bits, bool) or bits not in KV_BITS:
+            raise _fail(f"kv_bits {bits!r} is not one of {', '.join(map(str, KV_BITS))}")
+        return bits
 
     @field_validator("method")
     @classmethod
@@ -262,6 +272,8 @@ def validate_profile(data: Any, file: Path) -> Profile:
         method=spec.method,
         chunk=spec.chunk,
         doubt_threshold=spec.doubt_threshold,
+        kv_bits=spec.kv_bits,
+        kv_bits_source=spec.kv_bits_source,
         source_file=file,
         aliases=spec.aliases,
         hub_id=spec.hub_id,

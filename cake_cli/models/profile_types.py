@@ -64,6 +64,10 @@ class Profile:
     # `--abstain doubt`: an unsupported answer is withheld when the model's probability of abstaining
     # reaches this, 0-1 (None: `tasks.answers.abstain.DOUBT_THRESHOLD`); searched per model (benchmarks/real.md)
     doubt_threshold: float | None = None
+    # bits of the .cake files `cake compress` writes when --kv-bits is not given (engine.config.KV_BITS), and why
+    # (the evidence, benchmarks/cache.md); 16 keeps the model's dtype
+    kv_bits: int = 16
+    kv_bits_source: str | None = None
     source_file: Path | None = None
     aliases: tuple[str, ...] = ()
     hub_id: str | None = None

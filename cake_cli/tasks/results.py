@@ -332,6 +332,7 @@ class CompressResult(PrefillSummary):
     method: str
     scoring: str  # "question" (kept whole, evicted per question), "end" / "instruction" / "reconstruct"; "none": full
     kv_bits: int = 16  # bits per saved key/value (16: the model's dtype; 8 / 4: grouped affine, `engine.kvquant`)
+    kv_bits_reason: str = ""  # why these bits: "--kv-bits", or the profile's default and its evidence
     kv_group: int | None = None  # tokens per key group (None at 16 bits)
     kv_value_group: int | None = None  # channels per value group (None at 16 bits)
     kv_rotation: str | None = None  # "hadamard": values rotated before quantizing (format 6)
@@ -363,6 +364,8 @@ class CompressResult(PrefillSummary):
         data["size_hint"] = self.size_hint
         return data
 
+
+BITS_GIVEN = "--kv-bits"  # `CompressResult.kv_bits_reason` when the user chose the bits
 
 SIZE_HINT_RATIO = 100  # a .cake file over this many times its document's text gets `size_hint`'s line
 

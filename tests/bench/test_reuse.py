@@ -48,6 +48,7 @@ def test_bench_cache_command_timing_part(cli_env):
     data = json.loads(out.read_text())
     agnostic, whole = data["timing"]
     assert (agnostic["scoring"], whole["scoring"]) == ("instruction", "question")
+    assert agnostic["kv_bits"] == whole["kv_bits"] == 16  # the tiny profile's default file
     for timing in (agnostic, whole):
         assert timing["prefill_seconds"] > 0 and timing["saved_seconds"] > 0
         assert timing["file_bytes"] > timing["kv_bytes"] and 450 < timing["prompt_tokens"] <= 600
@@ -62,11 +63,12 @@ def test_bench_cache_command_timing_part(cli_env):
 )
 def test_first_token_targets_at_16k(speedup, pass_seconds, verdicts):
     row = {"scoring": "question", "prompt_tokens": 16027, "speedup": speedup, "pass_seconds": pass_seconds,
-           "saved_seconds": 100 / speedup, "prefill_seconds": 100.0, "repeats": 3}  # fmt: skip
+           "saved_seconds": 100 / speedup, "prefill_seconds": 100.0, "repeats": 3, "kv_bits": 4}  # fmt: skip
     agnostic = {**row, "scoring": "instruction", "speedup": 1.0}
     lines = first_token_targets([agnostic, row], "question")
     assert [line.split()[0] for line in lines] == verdicts
     assert f"{speedup:.1f}x sooner" in lines[0] and f"takes {pass_seconds:.2f} s (median of 3" in lines[1]
+    assert "the default file (question, 4-bit) gives" in lines[0]
 
 
 def test_bench_cache_bad_options(cli_env):

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
+import yaml
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
@@ -71,6 +73,28 @@ def test_quantized_files_are_smaller_and_say_so(four, doc, cli_env):
     assert "4 bits, key groups of 32 tokens, Hadamard-rotated value groups of 8 channels" in text.stderr
     assert "a loaded file keeps" in text.stderr and "global layers quantized" in text.stderr
     assert "on disk" in text.stderr and "full cache" in text.stderr
+
+
+def test_without_kv_bits_the_file_takes_the_profiles_bits_and_says_why(doc, cli_env, tiny_profile_dir, monkeypatch):
+    spec = yaml.safe_load((tiny_profile_dir / "tiny-test.yaml").read_text())
+    spec.update(name="tiny-four", kv_bits=4, kv_bits_source="measured on 460 questions")
+    other = cli_env / "profiles"
+    other.mkdir()
+    (other / "tiny-four.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("CAKE_PROFILES_DIR", os.pathsep.join([str(tiny_profile_dir), str(other)]))
+    args = ["-b", "64", "--dtype", "float32", "--scoring", "end"]
+    four = invoke("compress", doc, "-o", cli_env / "p4.cake", "-m", "tiny-four", *args, "--json")
+    assert four.exit_code == 0, four.stderr
+    report = json.loads(four.stdout)
+    assert report["kv_bits"] == cachefile.read_saved(cli_env / "p4.cake").meta.kv_bits == 4
+    assert report["kv_bits_reason"] == "the tiny-four profile's default: measured on 460 questions"
+    forced = invoke("compress", doc, "-o", cli_env / "p16.cake", "-m", "tiny-four", *args, "--kv-bits", "16", "--json")
+    assert (json.loads(forced.stdout)["kv_bits"], json.loads(forced.stdout)["kv_bits_reason"]) == (16, "--kv-bits")
+    plain = invoke("compress", doc, "-o", cli_env / "t16.cake", *TINY, *args)
+    assert plain.exit_code == 0 and cachefile.read_saved(cli_env / "t16.cake").meta.kv_bits == 16
+    assert "kv bits" in plain.stderr and "16: the tiny-test profile's default" in plain.stderr
+    text = invoke("compress", doc, "-o", cli_env / "t4.cake", "-m", "tiny-four", *args)
+    assert "4: the tiny-four profile's default: measured on 460" in " ".join(text.stderr.split())
 
 
 def test_4bit_file_answers_as_the_cache_quantized_in_process(four, doc):

@@ -93,6 +93,9 @@ def test_profiles_show(cli_env):
     assert "threshold 0.1 (the default)" in view.stdout  # --abstain doubt's, where the profile names none
     data = json.loads(runner.invoke(app, ["profiles", "show", "mistral-7b", "--json"]).stdout)  # an alias
     assert data["name"] == "mistral" and data["taus"][0] == {"budget": 128, "tau1": 1.0, "tau2": 0.8}
+    assert (data["kv_bits"], data["kv_bits_source"]) == (16, None)  # `cake compress` keeps the dtype by default
+    default = runner.invoke(app, ["profiles", "show", "qwen2.5-coder-0.5b"])
+    assert ".cake bits" in default.stdout and "4 (4-bit files answered as the 16-bit ones" in default.stdout
 
 
 def test_profiles_show_unknown_suggests(cli_env):

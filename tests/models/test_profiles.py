@@ -330,6 +330,10 @@ def test_unknown_name_without_close_match_lists_valid():
         ({"doubt_threshold": 0}, "'doubt_threshold'"),
         ({"doubt_threshold": 1.5}, "'doubt_threshold'"),
         ({"doubt_threshold": "high"}, "'doubt_threshold'"),
+        ({"kv_bits": 3}, "kv_bits 3 is not one of 16, 8, 4, 2"),
+        ({"kv_bits": True}, "kv_bits True is not one of"),
+        ({"kv_bits": "4"}, "kv_bits '4' is not one of"),
+        ({"kv_bits_source": ""}, "'kv_bits_source' must be a non-empty string"),
     ],
 )
 def test_schema_errors(tmp_path, changes, needle):
@@ -425,3 +429,31 @@ def test_profiles_are_frozen():
 def test_doubt_threshold_is_read_or_left_to_the_task_default(tmp_path):
     assert parse_profile(write(tmp_path, valid(doubt_threshold=0.3), stem="toy")).doubt_threshold == 0.3
     assert parse_profile(write(tmp_path, valid(), stem="toy")).doubt_threshold is None
+
+
+def test_kv_bits_is_read_or_16(tmp_path):
+    p = parse_profile(write(tmp_path, valid(kv_bits=4, kv_bits_source="measured"), stem="toy"))
+    assert (p.kv_bits, p.kv_bits_source) == (4, "measured")
+    assert (parse_profile(write(tmp_path, valid(), stem="toy")).kv_bits, p.kv_bits_source) == (16, "measured")
+
+
+@pytest.mark.parametrize(
+    "name, report", [("qwen2.5-coder-0.5b", "kv-bits-quality-460-qwen0.5b-report.txt"),
+                     ("qwen2.5-coder-1.5b", "kv-bits-quality-280-qwen1.5b-report.txt")],
+)  # fmt: skip
+def test_a_shipped_profile_writes_quantized_files_only_where_its_report_passes_both_budgets(name, report):
+    p = load_profile(name)
+    lines = (Path(__file__).parents[2] / "benchmarks/runs" / report).read_text().splitlines()
+    verdicts = {line.split(":")[0] for line in lines if line.startswith(("PASS B=", "FAIL B=")) and "4-bit" in line}
+    assert {v.split()[1] for v in verdicts} == {"B=256", "B=1024"}
+    if p.kv_bits < 16:
+        assert verdicts == {"PASS B=256", "PASS B=1024"} and "benchmarks/cache.md" in p.kv_bits_source
+        first = {}  # the report's first line per budget (the lines of record; an as-run table may follow)
+        for line in lines:
+            if line.startswith("PASS B=") and "4-bit" in line:
+                first.setdefault(line.split(":")[0], line.split("differ by ")[1].split(" on ")[0])
+        assert len(first) == 2 and all(interval in p.kv_bits_source for interval in first.values())
+    else:
+        assert "FAIL B=256" in verdicts or "FAIL B=1024" in verdicts
+        failed = [x for x in lines if x.startswith("FAIL B=") and "4-bit" in x]
+        assert p.kv_bits_source is None or failed[0].split("differ by ")[1].split(" on ")[0] in p.kv_bits_source

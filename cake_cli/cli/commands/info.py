@@ -255,6 +255,7 @@ def profiles_show(name: o.ProfileName, json_out: o.Json = False) -> None:
                 if p["doubt_threshold"] is not None
                 else f"threshold {DOUBT_THRESHOLD:g} (the default)"
             ),
+            ".cake bits": f"{p['kv_bits']}" + (f" ({p['kv_bits_source']})" if p["kv_bits_source"] else ""),
             "dtype (CUDA)": p["dtype"],
             "max prompt": f"{p['max_prompt_tokens']} tokens",
             "window w": f"{p['window']} tokens",

@@ -34,6 +34,7 @@ from cake_cli.tasks.planning import cake_config_for
 from cake_cli.tasks.request import Callbacks, TaskRequest
 from cake_cli.tasks.runner import prompt_limit, ready_model, stop_token_ids
 from cake_cli.tasks.saved.fileformat import DEFAULT_SCORING
+from cake_cli.tasks.saved.store import file_bits
 from cake_cli.tasks.templates import build_prompt, load_template
 from cake_cli.tasks.threads import using
 
@@ -78,9 +79,10 @@ def run(setup: CacheBenchSetup) -> None:
             cake = Path(tmp) / "document.cake"
             if "timing" in parts or "e2e" in parts:
                 data["timing"] = []
+                bits = file_bits(None, loaded.profile)[0]  # the file `cake compress` writes by default
                 for scoring in ("instruction", DEFAULT_SCORING) if "timing" in parts else (DEFAULT_SCORING,):
-                    status(f"first token ({scoring}): compress, then {repeats} x (prefill vs saved cache)")
-                    t = first_token(ready, request, doc, cake, repeats, scoring)  # the default's file stays
+                    status(f"first token ({scoring}, {bits}-bit): compress, then {repeats} x (prefill vs saved cache)")
+                    t = first_token(ready, request, doc, cake, repeats, scoring, bits)  # the default's file stays
                     data["timing"].append({**vars(t), "speedup": t.speedup, "file_ratio": t.file_ratio})
                 if "timing" in parts:
                     data["timing_targets"] = first_token_targets(data["timing"], DEFAULT_SCORING)

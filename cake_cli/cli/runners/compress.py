@@ -33,22 +33,23 @@ from cake_cli.tasks.planning import for_fields
 from cake_cli.tasks.request import Plan
 from cake_cli.tasks.results import RunResult, human_bytes
 from cake_cli.tasks.runner import ready_model
-from cake_cli.tasks.saved.store import compress_result, held_quantized
+from cake_cli.tasks.saved.store import compress_result, file_bits, held_quantized
 
 EXIT_WORDS = {"exit", "quit", ":q"}
 
 
 def compress_and_save(
-    plan: Plan, opts: PrefillOptions, progress: StderrProgress, output: Path, scoring: str, bits: int = 16
+    plan: Plan, opts: PrefillOptions, progress: StderrProgress, output: Path, scoring: str, bits: int | None = None
 ) -> None:
     """`cake compress`: prefill + evict the document's prefix once, write it to `output` (.cake) with its
-    keys and values at `bits`."""
+    keys and values at `bits` (None: the model profile's `kv_bits`, `store.file_bits`)."""
     cb = callbacks(opts, progress, None)
     ready = ready_model(plan.request, cb)
+    bits, reason = file_bits(bits, ready.loaded.profile)
     prefix = pipeline.open_prefix(ready, plan, cb, scoring)
     size = pipeline.save_prefix(prefix, output, bits)
     compressed = prefix.compressed
-    result = compress_result(compressed, output, size, ready.loaded.load_seconds)
+    result = compress_result(compressed, output, size, ready.loaded.load_seconds, reason)
     if opts.json_out:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
     elif not opts.quiet:

@@ -31,7 +31,7 @@ from cake_cli.files import write_atomic
 from cake_cli.models.fingerprint import fingerprint
 from cake_cli.models.profiles import model_spec
 from cake_cli.tasks.request import Callbacks, Plan
-from cake_cli.tasks.results import CompressResult, human_bytes, summary_fields
+from cake_cli.tasks.results import BITS_GIVEN, CompressResult, human_bytes, summary_fields
 from cake_cli.tasks.runner import ReadyModel, ready_model
 from cake_cli.tasks.saved.fileformat import (
     FORMAT,
@@ -281,8 +281,22 @@ def smaller_files(compressed: Compressed, file_bytes: int) -> tuple[tuple[int, i
     return tuple(out)
 
 
-def compress_result(compressed: Compressed, path: Path, file_bytes: int, load_seconds: float) -> CompressResult:
-    """The report of `cake compress` (one dataclass for the rich view and --json)."""
+def file_bits(bits: int | None, profile) -> tuple[int, str]:
+    """(bits, why) of the .cake file `cake compress` writes: `bits` (--kv-bits) when given, else the model
+    profile's `kv_bits` with its evidence (`Profile.kv_bits_source`), else 16 (a model without a profile)."""
+    if bits is not None:
+        return bits, BITS_GIVEN
+    if profile is None:
+        return 16, "the model's dtype (the model has no profile to say otherwise)"
+    source = f": {profile.kv_bits_source}" if profile.kv_bits_source else ""
+    return profile.kv_bits, f"the {profile.name} profile's default{source}"
+
+
+def compress_result(
+    compressed: Compressed, path: Path, file_bytes: int, load_seconds: float, bits_reason: str = ""
+) -> CompressResult:
+    """The report of `cake compress` (one dataclass for the rich view and --json); `bits_reason`: why the file
+    holds its bits (`file_bits`)."""
     meta, state, loaded = compressed.meta, compressed.state, compressed.ready.loaded
     threads = compressed.threads or choose(None)
     settings = {f: getattr(meta, f) for f in ("budget", "window", "tau1", "tau2", "tau_rule", "gamma")}
@@ -299,7 +313,8 @@ def compress_result(compressed: Compressed, path: Path, file_bytes: int, load_se
     tokens = (len(meta.prefix_ids), meta.document_tokens, meta.original_document_tokens)
     fields = summary_fields(loaded, compressed.ready.backend, meta.dtype, tokens, settings, engine, threads)
     extra = dict(path=str(path), file_bytes=file_bytes, method=meta.method, scoring=meta.scoring)
-    extra.update(kv_bits=meta.kv_bits, kv_group=meta.kv_group, kv_bytes_file=meta.kv_bytes_file or meta.kv_bytes)
+    extra.update(kv_bits=meta.kv_bits, kv_bits_reason=bits_reason, kv_group=meta.kv_group)
+    extra.update(kv_bytes_file=meta.kv_bytes_file or meta.kv_bytes)
     extra.update(kv_value_group=meta.value_coding()["value_group"], kv_rotation=meta.kv_rotation)
     extra.update(document_bytes=len(meta.used_text.encode("utf-8")))
     extra.update(smaller_files=smaller_files(compressed, file_bytes))

@@ -373,8 +373,9 @@ SIZE_HINT_RATIO = 100  # a .cake file over this many times its document's text g
 def size_hint(file_bytes: int, document_bytes: int, kv_bits: int, smaller: tuple[tuple[int, int], ...]) -> str | None:
     """The line `cake compress` adds when its file is over `SIZE_HINT_RATIO`× the document's text (UTF-8 bytes)
     and a smaller --kv-bits exists: the ratio and the option with the file size at each smaller bits
-    (`smaller`: (bits, bytes) pairs, `tasks.saved.store.smaller_files`). None at --kv-bits 2 (nothing smaller),
-    at or under the ratio, or for an empty document."""
+    (`smaller`: (bits, bytes) pairs, `tasks.saved.store.smaller_files`), and that 2 bits loses answers where
+    it is offered (benchmarks/cache.md). None at --kv-bits 2 (nothing smaller), at or under the ratio, or for
+    an empty document."""
     if kv_bits <= min(KV_BITS) or not smaller or document_bytes <= 0 or file_bytes <= SIZE_HINT_RATIO * document_bytes:
         return None
     sizes = " / ".join(human_bytes(size) for _, size in smaller)
@@ -382,4 +383,5 @@ def size_hint(file_bytes: int, document_bytes: int, kv_bits: int, smaller: tuple
     return (
         f"the file is {file_bytes / document_bytes:.0f}× the document's text ({human_bytes(file_bytes)} for "
         f"{human_bytes(document_bytes)}): --kv-bits {options} would write about {sizes}"
+        + (" (2 bits loses answers: benchmarks/cache.md)" if any(bits == 2 for bits, _ in smaller) else "")
     )

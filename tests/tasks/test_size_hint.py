@@ -11,7 +11,8 @@ def test_just_over_the_ratio_names_the_option_and_sizes():
     line = size_hint(SIZE_HINT_RATIO * 10_000 + 1, 10_000, 16, SMALLER)
     assert line == (
         "the file is 100× the document's text (976.6 KiB for 9.8 KiB): "
-        "--kv-bits 8 / 4 / 2 would write about 585.9 KiB / 322.3 KiB / 195.3 KiB"
+        "--kv-bits 8 / 4 / 2 would write about 585.9 KiB / 322.3 KiB / 195.3 KiB (2 bits loses answers: "
+        "benchmarks/cache.md)"
     )
 
 
@@ -28,8 +29,15 @@ def test_nothing_smaller_than_two_bits():
 def test_from_eight_bits_only_the_smaller_options():
     line = size_hint(5_000_000, 1000, 8, SMALLER[1:])
     assert line is not None and line.startswith("the file is 5000× the document's text (4.8 MiB for 1000 B)")
-    assert line.endswith("--kv-bits 4 / 2 would write about 322.3 KiB / 195.3 KiB")
+    assert line.endswith(
+        "--kv-bits 4 / 2 would write about 322.3 KiB / 195.3 KiB (2 bits loses answers: benchmarks/cache.md)"
+    )
 
 
 def test_empty_document_says_nothing():
     assert size_hint(10**6, 0, 16, SMALLER) is None
+
+
+def test_the_two_bit_caveat_only_where_two_bits_is_offered():
+    line = size_hint(5_000_000, 1000, 16, SMALLER[:2])
+    assert line is not None and line.endswith("would write about 585.9 KiB / 322.3 KiB")
